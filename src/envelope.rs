@@ -1,0 +1,336 @@
+//! The wire format: a CBOR map around each message, and the message id.
+//!
+//! Specified in CDDL in `docs/wire-format.md`. Keys are short text strings written in a fixed
+//! order; decoders accept any order and ignore keys they do not know, so later versions can add
+//! optional fields without breaking consumers.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::cbor::{self, Reader};
+use crate::error::{Error, Result};
+
+/// The envelope version this build writes. Decoders refuse versions they do not know.
+pub const ENVELOPE_VERSION: u64 = 1;
+
+/// A message's identity: 16 bytes, minted once inside the writing transaction (UUIDv7 when the
+/// crate mints it) and unchanged across every resend. Consumers deduplicate on it.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MessageId([u8; 16]);
+
+impl MessageId {
+    /// A new UUIDv7: a millisecond timestamp followed by random bits, so ids minted later sort
+    /// later and index cheaply.
+    pub fn new_v7() -> Self {
+        MessageId(uuid::Uuid::now_v7().into_bytes())
+    }
+
+    /// The id from its 16 bytes.
+    pub const fn from_bytes(bytes: [u8; 16]) -> Self {
+        MessageId(bytes)
+    }
+
+    /// The id from a slice, which must be exactly 16 bytes long.
+    pub fn from_slice(bytes: &[u8]) -> Result<Self> {
+        bytes
+            .try_into()
+            .map(MessageId)
+            .map_err(|_| Error::Decode(format!("message id must be 16 bytes, got {}", bytes.len())))
+    }
+
+    /// The 16 bytes.
+    pub const fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl fmt::Display for MessageId {
+    /// The hyphenated UUID form, e.g. `0190f3a4-7b2c-7d3e-8f00-0123456789ab`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        uuid::Uuid::from_bytes(self.0).hyphenated().fmt(f)
+    }
+}
+
+impl fmt::Debug for MessageId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MessageId({self})")
+    }
+}
+
+impl FromStr for MessageId {
+    type Err = Error;
+
+    /// Parses the hyphenated or plain 32-digit hex form.
+    fn from_str(s: &str) -> Result<Self> {
+        uuid::Uuid::parse_str(s)
+            .map(|u| MessageId(u.into_bytes()))
+            .map_err(|e| Error::Decode(format!("invalid message id {s:?}: {e}")))
+    }
+}
+
+/// One message as it travels over MQTT.
+///
+/// Borrowed fields let the relay encode straight from a database row; [`Envelope::decode`]
+/// returns an owned `Envelope<'static>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope<'a> {
+    /// The message id (wire key `id`).
+    pub id: MessageId,
+    /// Who sent it: the device or relay name (wire key `src`; empty when absent).
+    pub source: Cow<'a, str>,
+    /// The sender's sequence number: commit order in the sender's outbox (wire key `seq`; 0 when
+    /// absent).
+    pub seq: u64,
+    /// The ordering key: messages with the same key are published in commit order (wire key `key`).
+    pub key: Cow<'a, str>,
+    /// Commit time, milliseconds since the Unix epoch (wire key `ts`; 0 when absent).
+    pub created_ms: u64,
+    /// The event type, e.g. `"OrderPlaced.v2"` (wire key `type`, optional).
+    pub event_type: Option<Cow<'a, str>>,
+    /// Free-form text headers such as a trace id or schema version (wire key `hdr`, optional).
+    pub headers: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+    /// The payload: exactly one CBOR item, embedded as is (wire key `p`).
+    pub payload: Cow<'a, [u8]>,
+}
+
+impl Envelope<'_> {
+    /// Encodes the envelope, appending to `out`. The payload must be one well-formed CBOR item.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let pairs = 7 + u64::from(self.event_type.is_some()) + u64::from(!self.headers.is_empty());
+        cbor::write_head(out, cbor::MAP, pairs);
+        cbor::write_text(out, "v");
+        cbor::write_head(out, cbor::UINT, ENVELOPE_VERSION);
+        cbor::write_text(out, "id");
+        cbor::write_bytes(out, self.id.as_bytes());
+        cbor::write_text(out, "src");
+        cbor::write_text(out, &self.source);
+        cbor::write_text(out, "seq");
+        cbor::write_head(out, cbor::UINT, self.seq);
+        cbor::write_text(out, "key");
+        cbor::write_text(out, &self.key);
+        cbor::write_text(out, "ts");
+        cbor::write_head(out, cbor::UINT, self.created_ms);
+        if let Some(t) = &self.event_type {
+            cbor::write_text(out, "type");
+            cbor::write_text(out, t);
+        }
+        if !self.headers.is_empty() {
+            cbor::write_text(out, "hdr");
+            encode_headers_into(out, &self.headers);
+        }
+        cbor::write_text(out, "p");
+        out.extend_from_slice(&self.payload);
+    }
+
+    /// Encodes the envelope into a new buffer.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + self.payload.len());
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Decodes the payload into any `Deserialize` type.
+    pub fn payload_as<T: DeserializeOwned>(&self) -> Result<T> {
+        from_cbor(&self.payload)
+    }
+
+    /// Decodes an envelope. Requires `v`, `id` and `p`; every other field has a default. Fails
+    /// with [`Error::Decode`] on anything else: bad CBOR, a wrong type, an unknown version,
+    /// duplicate keys, trailing bytes.
+    pub fn decode(bytes: &[u8]) -> Result<Envelope<'static>> {
+        let mut r = Reader::new(bytes);
+        let pairs = r.map_len()?;
+        let mut version = None;
+        let mut id = None;
+        let mut payload = None;
+        let mut env = Envelope {
+            id: MessageId([0; 16]),
+            source: Cow::Borrowed(""),
+            seq: 0,
+            key: Cow::Borrowed(""),
+            created_ms: 0,
+            event_type: None,
+            headers: Vec::new(),
+            payload: Cow::Borrowed(&[]),
+        };
+        let mut seen: Vec<&str> = Vec::with_capacity(pairs);
+        for _ in 0..pairs {
+            let k = r.text()?;
+            if seen.contains(&k) {
+                return Err(Error::Decode(format!("envelope key {k:?} appears twice")));
+            }
+            seen.push(k);
+            match k {
+                "v" => version = Some(r.uint()?),
+                "id" => id = Some(MessageId::from_slice(r.bytes()?)?),
+                "src" => env.source = Cow::Owned(r.text()?.to_owned()),
+                "seq" => env.seq = r.uint()?,
+                "key" => env.key = Cow::Owned(r.text()?.to_owned()),
+                "ts" => env.created_ms = r.uint()?,
+                "type" => env.event_type = Some(Cow::Owned(r.text()?.to_owned())),
+                "hdr" => env.headers = decode_headers(&mut r)?,
+                "p" => payload = Some(r.item()?.to_vec()),
+                _ => {
+                    r.item()?;
+                }
+            }
+        }
+        if !r.is_empty() {
+            return Err(Error::Decode(format!(
+                "{} trailing bytes after the envelope",
+                bytes.len() - r.position()
+            )));
+        }
+        match version {
+            Some(ENVELOPE_VERSION) => {}
+            Some(v) => {
+                return Err(Error::Decode(format!(
+                    "envelope version {v} is not supported (this build reads {ENVELOPE_VERSION})"
+                )));
+            }
+            None => return Err(Error::Decode("envelope has no version (\"v\")".into())),
+        }
+        env.id = id.ok_or_else(|| Error::Decode("envelope has no message id (\"id\")".into()))?;
+        env.payload =
+            Cow::Owned(payload.ok_or_else(|| Error::Decode("envelope has no payload (\"p\")".into()))?);
+        Ok(env)
+    }
+}
+
+/// Appends headers as a CBOR map of text to text.
+pub(crate) fn encode_headers_into<K: AsRef<str>, V: AsRef<str>>(out: &mut Vec<u8>, headers: &[(K, V)]) {
+    cbor::write_head(out, cbor::MAP, headers.len() as u64);
+    for (k, v) in headers {
+        cbor::write_text(out, k.as_ref());
+        cbor::write_text(out, v.as_ref());
+    }
+}
+
+/// Reads a CBOR map of text to text, as written by [`encode_headers_into`].
+pub(crate) fn decode_headers(r: &mut Reader<'_>) -> Result<Vec<(Cow<'static, str>, Cow<'static, str>)>> {
+    let n = r.map_len()?;
+    let mut headers = Vec::with_capacity(n);
+    for _ in 0..n {
+        let k = r.text()?.to_owned();
+        let v = r.text()?.to_owned();
+        headers.push((Cow::Owned(k), Cow::Owned(v)));
+    }
+    Ok(headers)
+}
+
+/// Serializes any value to CBOR, as [`Tx::publish`](crate::Tx::publish) does.
+pub fn to_cbor<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    ciborium::into_writer(value, &mut out).map_err(|e| Error::Encode(e.to_string()))?;
+    Ok(out)
+}
+
+/// Deserializes exactly one CBOR item (nesting limited, trailing bytes refused).
+pub fn from_cbor<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    cbor::check_one_item(bytes)?;
+    ciborium::de::from_reader_with_recursion_limit(bytes, cbor::MAX_DEPTH)
+        .map_err(|e| Error::Decode(format!("payload does not match the expected type: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Envelope<'static> {
+        Envelope {
+            id: MessageId::new_v7(),
+            source: "device-7".into(),
+            seq: 42,
+            key: "order-1".into(),
+            created_ms: 1_700_000_000_123,
+            event_type: Some("OrderPlaced".into()),
+            headers: vec![("trace-id".into(), "abc".into())],
+            payload: to_cbor(&("o-1", 40u32)).expect("payload").into(),
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let env = sample();
+        let bytes = env.encode();
+        assert_eq!(Envelope::decode(&bytes).expect("decode"), env);
+        let (order, amount): (String, u32) = env.payload_as().expect("payload");
+        assert_eq!((order.as_str(), amount), ("o-1", 40));
+    }
+
+    #[test]
+    fn ciborium_reads_the_envelope_as_a_map() {
+        let bytes = sample().encode();
+        let value: ciborium::Value = ciborium::from_reader(&bytes[..]).expect("generic decode");
+        let map = value.as_map().expect("a map");
+        assert!(
+            map.iter()
+                .any(|(k, v)| k.as_text() == Some("seq") && v.as_integer() == Some(42.into()))
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_skipped_and_missing_ones_default() {
+        let mut out = Vec::new();
+        cbor::write_head(&mut out, cbor::MAP, 4);
+        cbor::write_text(&mut out, "v");
+        cbor::write_head(&mut out, cbor::UINT, 1);
+        cbor::write_text(&mut out, "future");
+        cbor::write_head(&mut out, cbor::ARRAY, 0);
+        cbor::write_text(&mut out, "id");
+        cbor::write_bytes(&mut out, &[7; 16]);
+        cbor::write_text(&mut out, "p");
+        cbor::write_text(&mut out, "hi");
+        let env = Envelope::decode(&out).expect("decode");
+        assert_eq!(env.id, MessageId::from_bytes([7; 16]));
+        assert_eq!((env.key.as_ref(), env.seq), ("", 0));
+        assert_eq!(env.payload_as::<String>().expect("text"), "hi");
+    }
+
+    #[test]
+    fn refuses_wrong_version_duplicates_and_missing_fields() {
+        let good = sample().encode();
+        let mut v2 = good.clone();
+        // The version is the second byte pair: map head, "v" (0x61 0x76), then 0x01.
+        assert_eq!(&v2[1..4], &[0x61, b'v', 0x01]);
+        v2[3] = 0x02;
+        assert!(
+            Envelope::decode(&v2)
+                .expect_err("v2")
+                .to_string()
+                .contains("version 2")
+        );
+        let mut no_id = Vec::new();
+        cbor::write_head(&mut no_id, cbor::MAP, 2);
+        cbor::write_text(&mut no_id, "v");
+        cbor::write_head(&mut no_id, cbor::UINT, 1);
+        cbor::write_text(&mut no_id, "p");
+        cbor::write_head(&mut no_id, cbor::UINT, 1);
+        assert!(
+            Envelope::decode(&no_id)
+                .expect_err("no id")
+                .to_string()
+                .contains("\"id\"")
+        );
+    }
+
+    #[test]
+    fn id_text_form_round_trips() {
+        let id = MessageId::new_v7();
+        assert_eq!(id.to_string().parse::<MessageId>().expect("parse"), id);
+        assert!("nope".parse::<MessageId>().is_err());
+    }
+
+    #[test]
+    fn v7_ids_sort_by_time() {
+        let a = MessageId::new_v7();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let b = MessageId::new_v7();
+        assert!(a < b);
+        assert_eq!(a.as_bytes()[6] >> 4, 7, "version nibble");
+    }
+}

@@ -1,0 +1,195 @@
+//! The crate's one error type.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// `Result` with [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in edge-outbox.
+///
+/// Each variant says what failed and, in its message, what to do about it. The wrapped errors of
+/// pre-1.0 crates (rusqlite, rumqttc, ciborium) are reachable through [`std::error::Error::source`]
+/// but their types are not part of this crate's stable API.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// The outbox is at its configured limit of pending messages or bytes and nothing evictable
+    /// was left to make room. The caller's whole transaction was rolled back.
+    StorageFull {
+        /// Which limit was hit, e.g. `"10000 pending messages"`.
+        limit: String,
+    },
+    /// The disk (or SQLite's `max_page_count`) is full. The transaction was rolled back; what was
+    /// committed before is intact. Writes succeed again once space is freed.
+    DiskFull,
+    /// Another connection held the database lock for longer than the busy timeout.
+    Busy,
+    /// A message payload is larger than the configured maximum.
+    PayloadTooLarge {
+        /// Size of the encoded payload or envelope, in bytes.
+        size: usize,
+        /// The configured maximum, in bytes.
+        max: usize,
+    },
+    /// A value could not be encoded to CBOR.
+    Encode(String),
+    /// Bytes could not be decoded (a malformed envelope, payload or command).
+    Decode(String),
+    /// The file was written by a newer version of edge-outbox; this version will not touch it.
+    SchemaTooNew {
+        /// The schema version found in the file.
+        found: i64,
+        /// The newest schema version this build understands.
+        supported: i64,
+    },
+    /// The file exists but is not an SQLite database.
+    NotADatabase {
+        /// The path that was opened.
+        path: PathBuf,
+    },
+    /// The database file could not be written because it (or its directory) is read-only.
+    ReadOnly {
+        /// The path that was opened.
+        path: PathBuf,
+    },
+    /// A relay is already running on this database file (in this or another process).
+    RelayAlreadyRunning {
+        /// The lock file that is held.
+        lock_path: PathBuf,
+    },
+    /// A configuration value is invalid; the message names it.
+    InvalidConfig(String),
+    /// A topic name cannot be published to (empty, or containing a wildcard or NUL).
+    InvalidTopic(String),
+    /// A dead letter, message or row named by id does not exist.
+    NotFound(String),
+    /// No data directory could be found for the application name (no home directory).
+    NoDataDir,
+    /// A file-system operation failed.
+    Io {
+        /// What was being done, e.g. `"creating /data/outbox.db"`.
+        context: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// Any other SQLite error.
+    Sqlite(rusqlite::Error),
+}
+
+impl Error {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::StorageFull { limit } => write!(
+                f,
+                "outbox storage limit reached ({limit}); the transaction was rolled back: \
+                 let the relay drain, raise the limit, or mark messages evictable"
+            ),
+            Error::DiskFull => f.write_str(
+                "database or disk is full; the transaction was rolled back and nothing committed \
+                 was lost: free space and retry",
+            ),
+            Error::Busy => f.write_str(
+                "database is locked by another connection for longer than the busy timeout: \
+                 retry, or raise the busy timeout",
+            ),
+            Error::PayloadTooLarge { size, max } => write!(
+                f,
+                "payload of {size} bytes exceeds the maximum of {max} bytes: \
+                 send a smaller message or raise the limit (and the broker's)"
+            ),
+            Error::Encode(why) => write!(f, "cannot encode value as CBOR: {why}"),
+            Error::Decode(why) => write!(f, "malformed input: {why}"),
+            Error::SchemaTooNew { found, supported } => write!(
+                f,
+                "database schema version {found} was written by a newer edge-outbox \
+                 (this build supports up to {supported}): upgrade edge-outbox"
+            ),
+            Error::NotADatabase { path } => write!(
+                f,
+                "{} is not an SQLite database (or is encrypted): check the path",
+                path.display()
+            ),
+            Error::ReadOnly { path } => write!(
+                f,
+                "{} is read-only: edge-outbox needs write access to the file and its directory",
+                path.display()
+            ),
+            Error::RelayAlreadyRunning { lock_path } => write!(
+                f,
+                "another relay is already running on this database (lock {} is held): \
+                 run one relay per file",
+                lock_path.display()
+            ),
+            Error::InvalidConfig(why) => write!(f, "invalid configuration: {why}"),
+            Error::InvalidTopic(topic) => write!(
+                f,
+                "{topic:?} is not a valid MQTT topic name: it must be non-empty and have no '+', '#' or NUL"
+            ),
+            Error::NotFound(what) => write!(f, "{what} not found"),
+            Error::NoDataDir => {
+                f.write_str("no data directory found for this user (is HOME set?): pass an explicit path")
+            }
+            Error::Io { context, source } => write!(f, "{context}: {source}"),
+            Error::Sqlite(e) => write!(f, "database error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            Error::Sqlite(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<rusqlite::Error> for Error {
+    /// Classifies the SQLite failures a caller can act on; the rest stay [`Error::Sqlite`].
+    fn from(e: rusqlite::Error) -> Self {
+        use rusqlite::ErrorCode;
+        match e.sqlite_error_code() {
+            Some(ErrorCode::DiskFull) => Error::DiskFull,
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Error::Busy,
+            _ => Error::Sqlite(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_stays_small() {
+        // Results flow through every hot path; keep the error at most a few words.
+        assert!(
+            std::mem::size_of::<Error>() <= 72,
+            "{}",
+            std::mem::size_of::<Error>()
+        );
+    }
+
+    #[test]
+    fn disk_full_is_classified() {
+        let e = rusqlite::Error::SqliteFailure(rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_FULL), None);
+        assert!(matches!(Error::from(e), Error::DiskFull));
+    }
+
+    #[test]
+    fn error_is_send_sync() {
+        fn check<T: Send + Sync + 'static>() {}
+        check::<Error>();
+    }
+}

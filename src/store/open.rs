@@ -1,0 +1,106 @@
+//! Opening the file: permissions, pragmas, schema.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+
+use rusqlite::{Connection, ErrorCode};
+
+use super::options::Options;
+use super::schema;
+use crate::error::{Error, Result};
+
+/// Opens one connection to the store at `path`, creating and migrating it if needed. Every
+/// thread that touches the file gets its own connection from here, with the same pragmas.
+pub(crate) fn connect(path: &Path, options: &Options) -> Result<Connection> {
+    options.validate()?;
+    create_owner_only(path)?;
+    let on_open = |e: rusqlite::Error| classify_open_error(path, e);
+    let mut conn = Connection::open(path).map_err(on_open)?;
+    conn.busy_timeout(options.busy_timeout).map_err(on_open)?;
+    // auto_vacuum only takes effect before the first table exists, so set it before WAL mode
+    // writes the header; on an existing file it is a no-op.
+    conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+        .map_err(on_open)?;
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+        .map_err(on_open)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::InvalidConfig(format!(
+            "{} cannot use WAL mode (got {mode}); put the database on a local file system",
+            path.display()
+        )));
+    }
+    conn.pragma_update(None, "synchronous", options.synchronous.pragma_value())?;
+    conn.pragma_update(None, "journal_size_limit", options.wal_size_limit)?;
+    schema::migrate(&mut conn).map_err(|e| match e {
+        Error::Sqlite(e) => classify_open_error(path, e),
+        other => other,
+    })?;
+    Ok(conn)
+}
+
+/// Creates the file readable by its owner only, before SQLite does (SQLite gives its WAL and
+/// shared-memory files the database file's permissions).
+fn create_owner_only(path: &Path) -> Result<()> {
+    if path.exists() {
+        return Ok(());
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("creating directory {}", dir.display()), e))?;
+    }
+    let mut open = OpenOptions::new();
+    open.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    match open.open(path) {
+        Ok(_) => Ok(()),
+        // Another process created it between our check and our open: theirs is as good.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(Error::io(format!("creating {}", path.display()), e)),
+    }
+}
+
+fn classify_open_error(path: &Path, e: rusqlite::Error) -> Error {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase) => Error::NotADatabase {
+            path: path.to_path_buf(),
+        },
+        Some(ErrorCode::ReadOnly | ErrorCode::CannotOpen | ErrorCode::PermissionDenied)
+            if is_read_only(path) =>
+        {
+            Error::ReadOnly {
+                path: path.to_path_buf(),
+            }
+        }
+        _ => Error::from(e),
+    }
+}
+
+fn is_read_only(path: &Path) -> bool {
+    let file_ro = std::fs::metadata(path).is_ok_and(|m| m.permissions().readonly());
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let dir_ro = std::fs::metadata(dir).is_ok_and(|m| m.permissions().readonly());
+    file_ro || dir_ro
+}
+
+/// Where an application's store lives by default: the platform data directory for `app`
+/// (e.g. `~/.local/share/<app>/outbox.db` on Linux), created owner-only if missing.
+pub fn default_path(app: &str) -> Result<PathBuf> {
+    if app.is_empty() {
+        return Err(Error::InvalidConfig("application name is empty".into()));
+    }
+    let dirs = directories::ProjectDirs::from("", "", app).ok_or(Error::NoDataDir)?;
+    let dir = dirs.data_dir();
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder
+        .create(dir)
+        .map_err(|e| Error::io(format!("creating directory {}", dir.display()), e))?;
+    Ok(dir.join("outbox.db"))
+}

@@ -1,0 +1,276 @@
+//! How a store is opened, and the limits every write is checked against.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// When SQLite waits for the disk. Either way a business row and its message commit or vanish
+/// together; the choice is how many recent commits a power cut may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Synchronous {
+    /// `synchronous = FULL` (default): a returned commit, and an acknowledged command, survive a
+    /// power cut.
+    #[default]
+    Full,
+    /// `synchronous = NORMAL`: fewer flash writes; a power cut may roll back the last commits
+    /// (never half of one). A process crash loses nothing.
+    Normal,
+}
+
+impl Synchronous {
+    pub(crate) fn pragma_value(self) -> &'static str {
+        match self {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+        }
+    }
+}
+
+/// What a publish does when the outbox is at a pending-message or pending-byte limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnFull {
+    /// Fail the publish with [`Error::StorageFull`]; the caller's transaction rolls back (default).
+    #[default]
+    Reject,
+    /// Delete the oldest pending messages published as evictable until the new one fits, counting
+    /// each in [`Stats::evicted`](crate::Stats::evicted); reject if that is not enough.
+    EvictOldest,
+}
+
+/// Bounds on what the outbox may hold. Checked inside the writing transaction.
+///
+/// Defaults: payloads up to 64 KiB, no limit on pending messages or bytes, [`OnFull::Reject`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    max_payload_bytes: usize,
+    max_pending_messages: Option<u64>,
+    max_pending_bytes: Option<u64>,
+    on_full: OnFull,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_payload_bytes: 64 * 1024,
+            max_pending_messages: None,
+            max_pending_bytes: None,
+            on_full: OnFull::Reject,
+        }
+    }
+}
+
+impl Limits {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Largest CBOR payload accepted by a publish, in bytes (default 64 KiB). Keep it below the
+    /// broker's packet limit minus the topic and about 100 bytes of envelope.
+    pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.max_payload_bytes = bytes;
+        self
+    }
+
+    /// Most messages that may wait in the outbox (default: no limit).
+    pub fn max_pending_messages(mut self, n: u64) -> Self {
+        self.max_pending_messages = Some(n);
+        self
+    }
+
+    /// Most payload bytes that may wait in the outbox (default: no limit).
+    pub fn max_pending_bytes(mut self, bytes: u64) -> Self {
+        self.max_pending_bytes = Some(bytes);
+        self
+    }
+
+    /// What to do when a limit is reached (default [`OnFull::Reject`]).
+    pub fn on_full(mut self, policy: OnFull) -> Self {
+        self.on_full = policy;
+        self
+    }
+
+    /// The payload size limit in bytes.
+    pub fn payload_limit(&self) -> usize {
+        self.max_payload_bytes
+    }
+
+    /// The pending-message limit, if any.
+    pub fn pending_messages_limit(&self) -> Option<u64> {
+        self.max_pending_messages
+    }
+
+    /// The pending-byte limit, if any.
+    pub fn pending_bytes_limit(&self) -> Option<u64> {
+        self.max_pending_bytes
+    }
+
+    /// The policy when full.
+    pub fn full_policy(&self) -> OnFull {
+        self.on_full
+    }
+
+    pub(crate) fn is_bounded(&self) -> bool {
+        self.max_pending_messages.is_some() || self.max_pending_bytes.is_some()
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.max_payload_bytes == 0 {
+            return Err(Error::InvalidConfig(
+                "max_payload_bytes must be at least 1".into(),
+            ));
+        }
+        if self.max_pending_messages == Some(0) || self.max_pending_bytes == Some(0) {
+            return Err(Error::InvalidConfig(
+                "a pending limit of 0 would refuse every message; omit it for no limit".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How to open a store. Every setter returns `Self`; [`Options::open`](crate::Options::open)
+/// validates.
+///
+/// | setting | default |
+/// |---|---|
+/// | [`synchronous`](Self::synchronous) | [`Synchronous::Full`] |
+/// | [`busy_timeout`](Self::busy_timeout) | 5 s |
+/// | [`wal_size_limit`](Self::wal_size_limit) | 4 MiB |
+/// | [`limits`](Self::limits) | [`Limits::default`] |
+/// | [`inbox_retention`](Self::inbox_retention) | 7 days |
+/// | [`keep_applied_payloads`](Self::keep_applied_payloads) | false |
+/// | [`max_attempts`](Self::max_attempts) | 5 |
+/// | [`retry_backoff`](Self::retry_backoff) | 1 s doubling to 5 min |
+/// | [`sent_retention`](Self::sent_retention) | none: acknowledged rows are deleted |
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    pub(crate) synchronous: Synchronous,
+    pub(crate) busy_timeout: Duration,
+    pub(crate) wal_size_limit: u64,
+    pub(crate) limits: Limits,
+    pub(crate) inbox_retention: Duration,
+    pub(crate) keep_applied_payloads: bool,
+    pub(crate) max_attempts: u32,
+    pub(crate) backoff_min: Duration,
+    pub(crate) backoff_max: Duration,
+    pub(crate) sent_retention: Option<Duration>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            synchronous: Synchronous::Full,
+            busy_timeout: Duration::from_secs(5),
+            wal_size_limit: 4 * 1024 * 1024,
+            limits: Limits::default(),
+            inbox_retention: Duration::from_secs(7 * 24 * 3600),
+            keep_applied_payloads: false,
+            max_attempts: 5,
+            backoff_min: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            sent_retention: None,
+        }
+    }
+}
+
+impl Options {
+    /// The defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Durability of each commit (default [`Synchronous::Full`]).
+    pub fn synchronous(mut self, mode: Synchronous) -> Self {
+        self.synchronous = mode;
+        self
+    }
+
+    /// How long a write waits for another connection's lock before failing with
+    /// [`Error::Busy`] (default 5 s).
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// Size the WAL file is truncated back to after a checkpoint (default 4 MiB).
+    pub fn wal_size_limit(mut self, bytes: u64) -> Self {
+        self.wal_size_limit = bytes;
+        self
+    }
+
+    /// Limits on payload size and pending storage.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// How long applied command ids are kept to recognise redeliveries (default 7 days). Make it
+    /// longer than any redelivery or replay the broker and operators can make: a command
+    /// redelivered after its id was pruned is applied again.
+    pub fn inbox_retention(mut self, retention: Duration) -> Self {
+        self.inbox_retention = retention;
+        self
+    }
+
+    /// Keep a command's payload after it is applied (default false: drop it, keep only the id).
+    pub fn keep_applied_payloads(mut self, keep: bool) -> Self {
+        self.keep_applied_payloads = keep;
+        self
+    }
+
+    /// Handler failures after which a command is dead-lettered (default 5).
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// Wait after a failed handler attempt: `min`, doubling per attempt up to `max`
+    /// (default 1 s to 5 min).
+    pub fn retry_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.backoff_min = min;
+        self.backoff_max = max;
+        self
+    }
+
+    /// Keep acknowledged outbox rows in `outbox_sent` for this long instead of deleting them
+    /// (default: delete on acknowledgement).
+    pub fn sent_retention(mut self, retention: Duration) -> Self {
+        self.sent_retention = Some(retention);
+        self
+    }
+
+    /// The configured durability mode.
+    pub fn synchronous_mode(&self) -> Synchronous {
+        self.synchronous
+    }
+
+    /// The configured limits.
+    pub fn storage_limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        self.limits.validate()?;
+        if self.max_attempts == 0 {
+            return Err(Error::InvalidConfig("max_attempts must be at least 1".into()));
+        }
+        if self.backoff_min > self.backoff_max {
+            return Err(Error::InvalidConfig(format!(
+                "retry_backoff minimum {:?} is above its maximum {:?}",
+                self.backoff_min, self.backoff_max
+            )));
+        }
+        Ok(())
+    }
+
+    /// The wait before attempt `attempts + 1`, after `attempts` failures.
+    pub(crate) fn backoff_after(&self, attempts: u32) -> Duration {
+        let doublings = attempts.saturating_sub(1).min(31);
+        self.backoff_min
+            .saturating_mul(1u32 << doublings)
+            .min(self.backoff_max)
+    }
+}

@@ -1,0 +1,307 @@
+//! The write path: messages inserted in the caller's transaction, checked against the limits.
+
+use std::ops::Deref;
+
+use rusqlite::{OptionalExtension, Transaction, params};
+use serde::Serialize;
+
+use super::options::{Limits, OnFull, Options};
+use crate::envelope::{MessageId, encode_headers_into, to_cbor};
+use crate::error::{Error, Result};
+use crate::time::{ms, now_ms};
+
+/// What [`Outbox::transaction`](crate::Outbox::transaction) returns: the closure's value and the
+/// ids of the messages it published, in publish order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Committed<T> {
+    /// The closure's return value.
+    pub value: T,
+    /// The ids of the messages published in the transaction.
+    pub ids: Vec<MessageId>,
+}
+
+/// An open write transaction: the application's SQL through [`Deref`] to
+/// [`rusqlite::Transaction`], messages through [`Tx::publish`] and [`Tx::send`].
+pub struct Tx<'c> {
+    tx: Transaction<'c>,
+    limits: &'c Limits,
+    ids: Vec<MessageId>,
+}
+
+impl<'c> Tx<'c> {
+    pub(crate) fn new(tx: Transaction<'c>, limits: &'c Limits) -> Self {
+        Tx {
+            tx,
+            limits,
+            ids: Vec::new(),
+        }
+    }
+
+    /// Queues `value`, serialised to CBOR, for `topic`. Messages with the same `key` are
+    /// published in commit order. Returns the message id, minted here and kept across resends.
+    ///
+    /// Fails with [`Error::PayloadTooLarge`], [`Error::StorageFull`] or [`Error::DiskFull`];
+    /// propagate the error with `?` and the whole transaction rolls back.
+    pub fn publish<V: Serialize + ?Sized>(&mut self, topic: &str, key: &str, value: &V) -> Result<MessageId> {
+        let payload = to_cbor(value)?;
+        let row = Row {
+            topic,
+            key,
+            payload: &payload,
+            event_type: None,
+            headers: None,
+            evictable: false,
+        };
+        self.push(insert(&self.tx, self.limits, &row)?)
+    }
+
+    /// Queues a [`Message`] built with an event type, headers or an eviction class.
+    pub fn send(&mut self, message: &Message) -> Result<MessageId> {
+        self.push(enqueue(&self.tx, self.limits, message)?)
+    }
+
+    fn push(&mut self, id: MessageId) -> Result<MessageId> {
+        self.ids.push(id);
+        Ok(id)
+    }
+
+    pub(crate) fn commit(self) -> Result<Vec<MessageId>> {
+        self.tx.commit()?;
+        Ok(self.ids)
+    }
+
+    pub(crate) fn ids(&self) -> &[MessageId] {
+        &self.ids
+    }
+}
+
+impl<'c> Deref for Tx<'c> {
+    type Target = Transaction<'c>;
+
+    fn deref(&self) -> &Transaction<'c> {
+        &self.tx
+    }
+}
+
+/// A message with optional metadata, for [`Tx::send`] and [`enqueue`].
+///
+/// ```
+/// use edge_outbox::Message;
+/// let msg = Message::new("orders/placed", "order-42", &("o-42", 1250))?
+///     .event_type("OrderPlaced.v1")
+///     .header("trace-id", "4bf92f3577b34da6")
+///     .evictable(true);
+/// # Ok::<(), edge_outbox::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    topic: String,
+    key: String,
+    payload: Vec<u8>,
+    event_type: Option<String>,
+    headers: Vec<(String, String)>,
+    evictable: bool,
+}
+
+impl Message {
+    /// A message carrying `value` serialised to CBOR.
+    pub fn new<V: Serialize + ?Sized>(
+        topic: impl Into<String>,
+        key: impl Into<String>,
+        value: &V,
+    ) -> Result<Self> {
+        Ok(Self::from_parts(topic.into(), key.into(), to_cbor(value)?))
+    }
+
+    /// A message carrying bytes that are already one CBOR item (checked).
+    pub fn from_cbor(topic: impl Into<String>, key: impl Into<String>, cbor: Vec<u8>) -> Result<Self> {
+        crate::cbor::check_one_item(&cbor)?;
+        Ok(Self::from_parts(topic.into(), key.into(), cbor))
+    }
+
+    fn from_parts(topic: String, key: String, payload: Vec<u8>) -> Self {
+        Message {
+            topic,
+            key,
+            payload,
+            event_type: None,
+            headers: Vec::new(),
+            evictable: false,
+        }
+    }
+
+    /// Sets the event type (e.g. `"OrderPlaced.v2"`): version events in the type or a header.
+    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
+        self.event_type = Some(event_type.into());
+        self
+    }
+
+    /// Adds a text header, such as a trace id or schema version. A repeated name replaces the
+    /// earlier value.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        let name = name.into();
+        self.headers.retain(|(n, _)| *n != name);
+        self.headers.push((name, value.into()));
+        self
+    }
+
+    /// Marks the message evictable: under [`OnFull::EvictOldest`] it may be deleted unsent to make
+    /// room (counted in the stats). Use it for telemetry a gap in which costs little; leave it off
+    /// for anything that drives state elsewhere (default off).
+    pub fn evictable(mut self, evictable: bool) -> Self {
+        self.evictable = evictable;
+        self
+    }
+
+    /// The encoded payload.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+}
+
+/// Queues `message` in a transaction the caller owns, for applications that manage their own
+/// `rusqlite` connection. The connection must be on a file opened once by
+/// [`Outbox::open`](crate::Outbox::open) (which creates the tables). A running relay notices the
+/// commit within its poll interval.
+///
+/// ```
+/// # let dir = tempfile::tempdir().expect("temp dir");
+/// # let path = dir.path().join("device.db");
+/// edge_outbox::Outbox::open(&path)?; // creates the schema once
+/// let mut conn = rusqlite::Connection::open(&path)?;
+/// let tx = conn.transaction()?;
+/// let msg = edge_outbox::Message::new("events", "k", "hello")?;
+/// edge_outbox::enqueue(&tx, &edge_outbox::Limits::default(), &msg)?;
+/// tx.commit()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn enqueue(tx: &Transaction<'_>, limits: &Limits, message: &Message) -> Result<MessageId> {
+    let headers = (!message.headers.is_empty()).then(|| {
+        let mut out = Vec::new();
+        encode_headers_into(&mut out, &message.headers);
+        out
+    });
+    let row = Row {
+        topic: &message.topic,
+        key: &message.key,
+        payload: &message.payload,
+        event_type: message.event_type.as_deref(),
+        headers: headers.as_deref(),
+        evictable: message.evictable,
+    };
+    insert(tx, limits, &row)
+}
+
+struct Row<'a> {
+    topic: &'a str,
+    key: &'a str,
+    payload: &'a [u8],
+    event_type: Option<&'a str>,
+    headers: Option<&'a [u8]>,
+    evictable: bool,
+}
+
+fn insert(tx: &Transaction<'_>, limits: &Limits, row: &Row<'_>) -> Result<MessageId> {
+    if row.topic.is_empty() || row.topic.contains(['+', '#', '\0']) {
+        return Err(Error::InvalidTopic(row.topic.to_owned()));
+    }
+    if row.payload.len() > limits.payload_limit() {
+        return Err(Error::PayloadTooLarge {
+            size: row.payload.len(),
+            max: limits.payload_limit(),
+        });
+    }
+    if limits.is_bounded() {
+        make_room(tx, limits, row.payload.len() as u64)?;
+    }
+    let id = MessageId::new_v7();
+    tx.prepare_cached(
+        "INSERT INTO outbox (id, topic, key, payload, event_type, headers, evictable, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        id.as_bytes(),
+        row.topic,
+        row.key,
+        row.payload,
+        row.event_type,
+        row.headers,
+        row.evictable,
+        now_ms()
+    ])?;
+    Ok(id)
+}
+
+/// Makes the outbox able to take one more message of `size` bytes, evicting if allowed.
+fn make_room(tx: &Transaction<'_>, limits: &Limits, size: u64) -> Result<()> {
+    if let Some(max) = limits.pending_bytes_limit().filter(|&max| size > max) {
+        return Err(Error::StorageFull {
+            limit: format!("a {size}-byte message is larger than the {max}-byte pending limit"),
+        });
+    }
+    loop {
+        let (count, bytes): (u64, u64) = tx
+            .prepare_cached("SELECT pending_count, pending_bytes FROM outbox_counters")?
+            .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let full = match (limits.pending_messages_limit(), limits.pending_bytes_limit()) {
+            (Some(max), _) if count >= max => format!("{max} pending messages"),
+            (_, Some(max)) if bytes + size > max => format!("{max} pending bytes"),
+            _ => return Ok(()),
+        };
+        if limits.full_policy() != OnFull::EvictOldest || !evict_oldest(tx)? {
+            return Err(Error::StorageFull { limit: full });
+        }
+    }
+}
+
+/// Deletes the oldest evictable pending message; false if there is none.
+fn evict_oldest(tx: &Transaction<'_>) -> Result<bool> {
+    let evicted: Option<(Vec<u8>, i64)> = tx
+        .prepare_cached(
+            "DELETE FROM outbox WHERE seq = (SELECT seq FROM outbox WHERE evictable = 1 ORDER BY seq LIMIT 1)
+             RETURNING id, length(CAST(payload AS BLOB))",
+        )?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    let Some((id, size)) = evicted else {
+        return Ok(false);
+    };
+    tx.prepare_cached(
+        "UPDATE outbox_counters SET evicted = evicted + 1, evicted_bytes = evicted_bytes + ?1",
+    )?
+    .execute([size])?;
+    tracing::warn!(id = %MessageId::from_slice(&id).map(|i| i.to_string()).unwrap_or_default(), size, "evicted an unsent message to make room");
+    Ok(true)
+}
+
+/// Deletes retained sent rows older than the sent retention.
+pub(crate) fn prune_sent(conn: &rusqlite::Connection, options: &Options) -> Result<u64> {
+    let Some(retention) = options.sent_retention else {
+        return Ok(0);
+    };
+    let n = conn.execute(
+        "DELETE FROM outbox_sent WHERE sent_at < ?1",
+        [now_ms().saturating_sub(ms(retention))],
+    )?;
+    Ok(n as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Outbox;
+
+    #[test]
+    fn wildcard_topics_are_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let outbox = Outbox::open(dir.path().join("t.db")).expect("open");
+        for topic in ["", "a/+/b", "a/#"] {
+            let err = outbox
+                .transaction(|tx| tx.publish(topic, "k", &1))
+                .expect_err("refused");
+            assert!(matches!(err, Error::InvalidTopic(_)), "{err}");
+        }
+        assert_eq!(outbox.stats().expect("stats").pending_messages, 0);
+    }
+}

@@ -1,0 +1,175 @@
+//! Schema migrations.
+//!
+//! The schema version lives in our own `edge_outbox_meta` table, not in `PRAGMA user_version`:
+//! the application's business tables share this file, and `user_version` is the one integer an
+//! application's own migration tool is most likely to use already. Each migration runs in one
+//! `BEGIN IMMEDIATE` transaction, so two processes opening a new file at once migrate it once.
+
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
+
+use crate::error::{Error, Result};
+
+/// The newest schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = 1;
+
+/// Column default for "now" in Unix milliseconds. `julianday` works in every SQLite a foreign
+/// writer may link (Debian's Python ships 3.40), unlike `unixepoch('subsec')` (3.42+).
+macro_rules! now_ms_sql {
+    () => {
+        "(CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER))"
+    };
+}
+
+/// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
+const MIGRATIONS: &[&str] = &[concat!(
+    "
+CREATE TABLE edge_outbox_meta (
+    name  TEXT PRIMARY KEY,
+    value
+);
+
+-- Pending messages only: the relay deletes a row when its PUBACK arrives (or moves it to
+-- outbox_sent when sent rows are retained), so this table and its scans stay small.
+CREATE TABLE outbox (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,  -- commit order; never reused
+    id         BLOB    NOT NULL DEFAULT (randomblob(16)) CHECK (typeof(id) = 'blob' AND length(id) = 16),
+    topic      TEXT    NOT NULL CHECK (length(topic) > 0),
+    key        TEXT    NOT NULL DEFAULT '',
+    payload    BLOB    NOT NULL,                   -- one CBOR item (BLOB), or TEXT sent as a CBOR text
+    event_type TEXT,
+    headers    BLOB,                               -- CBOR map text => text, or NULL
+    evictable  INTEGER NOT NULL DEFAULT 0 CHECK (evictable IN (0, 1)),
+    created_at INTEGER NOT NULL DEFAULT ",
+    now_ms_sql!(),
+    "
+);
+CREATE INDEX outbox_evictable ON outbox (seq) WHERE evictable = 1;
+
+CREATE TABLE outbox_sent (
+    seq        INTEGER PRIMARY KEY,
+    id         BLOB    NOT NULL,
+    topic      TEXT    NOT NULL,
+    key        TEXT    NOT NULL,
+    payload    BLOB,
+    event_type TEXT,
+    headers    BLOB,
+    created_at INTEGER NOT NULL,
+    sent_at    INTEGER NOT NULL
+);
+CREATE INDEX outbox_sent_by_time ON outbox_sent (sent_at);
+
+-- Counters kept by triggers, so limits and stats cost one row read whatever the backlog, and
+-- foreign writers (the SQL contract) keep them right without knowing they exist.
+CREATE TABLE outbox_counters (
+    only          INTEGER PRIMARY KEY CHECK (only = 1),
+    pending_count INTEGER NOT NULL,
+    pending_bytes INTEGER NOT NULL,
+    evicted       INTEGER NOT NULL,
+    evicted_bytes INTEGER NOT NULL
+);
+INSERT INTO outbox_counters VALUES (1, 0, 0, 0, 0);
+
+CREATE TRIGGER outbox_count_insert AFTER INSERT ON outbox BEGIN
+    UPDATE outbox_counters SET pending_count = pending_count + 1,
+        pending_bytes = pending_bytes + length(CAST(NEW.payload AS BLOB)) WHERE only = 1;
+END;
+CREATE TRIGGER outbox_count_delete AFTER DELETE ON outbox BEGIN
+    UPDATE outbox_counters SET pending_count = pending_count - 1,
+        pending_bytes = pending_bytes - length(CAST(OLD.payload AS BLOB)) WHERE only = 1;
+END;
+
+CREATE TABLE inbox (
+    seq             INTEGER PRIMARY KEY AUTOINCREMENT,  -- arrival order
+    id              BLOB    NOT NULL UNIQUE CHECK (typeof(id) = 'blob' AND length(id) = 16),
+    topic           TEXT    NOT NULL,
+    key             TEXT    NOT NULL DEFAULT '',
+    payload         BLOB,                               -- NULL once applied, unless kept
+    event_type      TEXT,
+    headers         BLOB,
+    source          TEXT    NOT NULL DEFAULT '',
+    received_at     INTEGER NOT NULL DEFAULT ",
+    now_ms_sql!(),
+    ",
+    applied_at      INTEGER,
+    dead_at         INTEGER,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at INTEGER NOT NULL DEFAULT 0,
+    last_error      TEXT
+);
+-- Unapplied commands in arrival order, and by key: whether an older one of the same key waits.
+CREATE INDEX inbox_unapplied ON inbox (seq) WHERE applied_at IS NULL AND dead_at IS NULL;
+CREATE INDEX inbox_unapplied_by_key ON inbox (key, seq) WHERE applied_at IS NULL AND dead_at IS NULL;
+CREATE INDEX inbox_applied ON inbox (applied_at) WHERE applied_at IS NOT NULL;
+
+CREATE TABLE dead_letters (
+    dl_id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    origin     TEXT    NOT NULL CHECK (origin IN ('outbox', 'inbox')),
+    message_id BLOB,            -- NULL when the input was too broken to carry one
+    topic      TEXT    NOT NULL,
+    key        TEXT    NOT NULL DEFAULT '',
+    payload    BLOB,            -- the stored payload, or the raw bytes received
+    event_type TEXT,
+    headers    BLOB,
+    reason     TEXT    NOT NULL,
+    attempts   INTEGER NOT NULL DEFAULT 0,
+    created_at INTEGER,
+    dead_at    INTEGER NOT NULL DEFAULT ",
+    now_ms_sql!(),
+    "
+);
+"
+)];
+
+/// Reads the schema version; 0 for a file edge-outbox has never touched.
+pub(crate) fn version(conn: &Connection) -> Result<i64> {
+    let has_meta: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'edge_outbox_meta')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !has_meta {
+        return Ok(0);
+    }
+    let v: Option<i64> = conn
+        .query_row(
+            "SELECT value FROM edge_outbox_meta WHERE name = 'schema_version'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(v.unwrap_or(0))
+}
+
+/// Brings the schema up to [`SCHEMA_VERSION`], one transaction per step; idempotent.
+pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {
+    check_not_newer(version(conn)?)?;
+    for (i, sql) in MIGRATIONS.iter().enumerate() {
+        let target = i as i64 + 1;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        // Re-read under the write lock: another process may have migrated meanwhile.
+        let current = version(&tx)?;
+        check_not_newer(current)?;
+        if current >= target {
+            continue;
+        }
+        tx.execute_batch(sql)?;
+        tx.execute(
+            "INSERT INTO edge_outbox_meta (name, value) VALUES ('schema_version', ?1)
+             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            [target],
+        )?;
+        tx.commit()?;
+        tracing::info!(version = target, "migrated edge-outbox schema");
+    }
+    Ok(())
+}
+
+fn check_not_newer(found: i64) -> Result<()> {
+    if found > SCHEMA_VERSION {
+        return Err(Error::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,54 @@
+//! Monitoring counters.
+
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension};
+
+use crate::error::Result;
+use crate::time::age;
+
+/// A snapshot of the store, for dashboards and alerts.
+///
+/// The single best alert is [`oldest_pending_age`](Stats::oldest_pending_age): it grows when the
+/// broker is unreachable, the relay has stopped, or something blocks the queue.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Messages committed and not yet acknowledged by the broker.
+    pub pending_messages: u64,
+    /// Their payload bytes.
+    pub pending_bytes: u64,
+    /// Age of the oldest pending message, by its commit time.
+    pub oldest_pending_age: Option<Duration>,
+    /// Messages evicted unsent to make room, since the file was created.
+    pub evicted: u64,
+    /// Their payload bytes.
+    pub evicted_bytes: u64,
+    /// Dead letters waiting for an operator.
+    pub dead_letters: u64,
+    /// Commands received and not yet applied (nor dead-lettered).
+    pub inbox_unapplied: u64,
+    /// Applied command ids retained to recognise redeliveries.
+    pub inbox_applied: u64,
+}
+
+pub(crate) fn read(conn: &Connection) -> Result<Stats> {
+    let (pending_messages, pending_bytes, evicted, evicted_bytes) = conn
+        .prepare_cached("SELECT pending_count, pending_bytes, evicted, evicted_bytes FROM outbox_counters")?
+        .query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+    let oldest: Option<i64> = conn
+        .prepare_cached("SELECT created_at FROM outbox ORDER BY seq LIMIT 1")?
+        .query_row([], |r| r.get(0))
+        .optional()?;
+    let count = |sql: &str| -> Result<u64> { Ok(conn.prepare_cached(sql)?.query_row([], |r| r.get(0))?) };
+    Ok(Stats {
+        pending_messages,
+        pending_bytes,
+        oldest_pending_age: oldest.map(age),
+        evicted,
+        evicted_bytes,
+        dead_letters: count("SELECT count(*) FROM dead_letters")?,
+        inbox_unapplied: count("SELECT count(*) FROM inbox WHERE applied_at IS NULL AND dead_at IS NULL")?,
+        inbox_applied: count("SELECT count(*) FROM inbox WHERE applied_at IS NOT NULL")?,
+    })
+}
