@@ -1,0 +1,106 @@
+//! Helpers shared by the scenario tests: a store in its own temp dir, running the Python interop
+//! scripts in `tests/python/`, applying commands while waiting for backoff. (The broker, proxy
+//! and crash harnesses live in `tests/support/`.)
+
+#![allow(
+    dead_code,
+    reason = "each test binary uses a different subset of these helpers"
+)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use edge_outbox::{ApplyOutcome, Envelope, MessageId, Outbox};
+
+/// What every test returns: any error fails it with its message.
+pub type TestResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
+
+/// A fresh directory (deleted on drop) and the path of a database file inside it, not yet created.
+pub fn temp_db() -> TestResult<(tempfile::TempDir, PathBuf)> {
+    let dir = tempfile::Builder::new().prefix("edge-outbox-test").tempdir()?;
+    let path = dir.path().join("device.db");
+    Ok((dir, path))
+}
+
+/// Runs `sql` on a handle's connection and returns the single integer it selects.
+pub fn query_i64(outbox: &Outbox, sql: &str) -> TestResult<i64> {
+    Ok(outbox.with_connection(|c| c.query_row(sql, [], |r| r.get(0)))?)
+}
+
+/// An encoded command envelope carrying `payload` (any serialisable value) under `key`.
+pub fn command_bytes<T: serde::Serialize>(id: MessageId, key: &str, payload: &T) -> TestResult<Vec<u8>> {
+    Ok(Envelope {
+        id,
+        source: "cloud".into(),
+        seq: 1,
+        key: key.into(),
+        created_ms: 1_700_000_000_000,
+        event_type: Some("Credit.v1".into()),
+        headers: vec![("trace-id".into(), "t-1".into())],
+        payload: edge_outbox::envelope::to_cbor(payload)?.into(),
+    }
+    .encode())
+}
+
+/// Calls `apply_next` until it returns something other than an idle store waiting on a backoff,
+/// sleeping exactly until the backing-off command is due (never a guessed delay). Gives up after
+/// 30 s so a store that never becomes due fails the test instead of hanging it.
+pub fn apply_when_due<E, F>(outbox: &Outbox, mut handler: F) -> TestResult<ApplyOutcome>
+where
+    F: FnMut(&mut edge_outbox::Tx<'_>, &edge_outbox::Command) -> Result<(), E>,
+    E: std::fmt::Display,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match outbox.apply_next(&mut handler)? {
+            ApplyOutcome::Idle { next_due: Some(wait) } => {
+                if Instant::now() > deadline {
+                    return Err(format!("a command was still not due after 30 s (next_due {wait:?})").into());
+                }
+                std::thread::sleep(wait.max(Duration::from_millis(1)));
+            }
+            outcome => return Ok(outcome),
+        }
+    }
+}
+
+/// The `python3` interpreter, or `None` (with a line saying the test is skipped) when there is
+/// none on PATH. Only a missing interpreter skips: a missing `cbor2` module fails the test.
+pub fn python3(test: &str) -> Option<PathBuf> {
+    match Command::new("python3").arg("--version").output() {
+        Ok(out) if out.status.success() => Some(PathBuf::from("python3")),
+        _ => {
+            eprintln!(
+                "SKIPPED {test}: python3 is not on PATH (install python3 and `pip install cbor2` to run \
+                 the interoperability tests; CI does)"
+            );
+            None
+        }
+    }
+}
+
+/// Runs `tests/python/<script>` with `args` and returns its stdout; a non-zero exit fails with
+/// the script's stderr.
+pub fn run_python(python: &Path, script: &str, args: &[&str]) -> TestResult<String> {
+    let script_path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let out = Command::new(python).arg(&script_path).args(args).output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(format!("{script} failed ({}):\n{stderr}", out.status).into());
+    }
+    if !stderr.trim().is_empty() {
+        eprintln!("{script} stderr:\n{stderr}");
+    }
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+/// Unix milliseconds now.
+pub fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
