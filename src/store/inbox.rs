@@ -179,6 +179,13 @@ const NEXT_DUE: &str = "
                       WHERE o.key = i.key AND o.seq < i.seq AND o.applied_at IS NULL AND o.dead_at IS NULL)
     ORDER BY seq LIMIT 1";
 
+/// When the earliest command that is first in its key becomes due.
+const NEXT_DUE_AT: &str = "
+    SELECT min(next_attempt_at) FROM inbox AS i
+    WHERE applied_at IS NULL AND dead_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM inbox AS o
+                      WHERE o.key = i.key AND o.seq < i.seq AND o.applied_at IS NULL AND o.dead_at IS NULL)";
+
 pub(crate) fn apply_next<E, F>(conn: &mut Connection, options: &Options, handler: F) -> Result<ApplyOutcome>
 where
     F: FnOnce(&mut Tx<'_>, &Command) -> Result<(), E>,
@@ -203,11 +210,9 @@ where
         })
         .optional()?;
     let Some((seq, id, topic, key, payload, event_type, headers, source, attempts)) = next else {
-        let next_due: Option<i64> = tx.query_row(
-            "SELECT min(next_attempt_at) FROM inbox WHERE applied_at IS NULL AND dead_at IS NULL",
-            [],
-            |r| r.get(0),
-        )?;
+        // Only the oldest unapplied command of each key can become due: one waiting behind a
+        // backing-off command of its key has next_attempt_at 0 and would read as "due now".
+        let next_due: Option<i64> = tx.prepare_cached(NEXT_DUE_AT)?.query_row([], |r| r.get(0))?;
         return Ok(ApplyOutcome::Idle {
             next_due: next_due.map(|at| Duration::from_millis(u64::try_from(at - now).unwrap_or(0))),
         });
@@ -254,7 +259,7 @@ where
             return Ok(ApplyOutcome::Applied { id, published });
         }
         Ok(Err(e)) => e.to_string(),
-        Err(panic) => format!("handler panicked: {}", panic_message(&panic)),
+        Err(panic) => format!("handler panicked: {}", panic_message(&*panic)),
     };
     drop(t); // rolls the handler's effect back
     record_failure(conn, options, seq, id, attempts + 1, error)
@@ -302,6 +307,8 @@ fn record_failure(
     }
 }
 
+/// Takes the payload itself (`&*boxed`): a `&Box<dyn Any>` would coerce to `&dyn Any` of the box
+/// and never downcast to the message.
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
     panic
         .downcast_ref::<&str>()
