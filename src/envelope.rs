@@ -100,30 +100,24 @@ pub struct Envelope<'a> {
 impl Envelope<'_> {
     /// Encodes the envelope, appending to `out`. The payload must be one well-formed CBOR item.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        let pairs = 7 + u64::from(self.event_type.is_some()) + u64::from(!self.headers.is_empty());
-        cbor::write_head(out, cbor::MAP, pairs);
-        cbor::write_text(out, "v");
-        cbor::write_head(out, cbor::UINT, ENVELOPE_VERSION);
-        cbor::write_text(out, "id");
-        cbor::write_bytes(out, self.id.as_bytes());
-        cbor::write_text(out, "src");
-        cbor::write_text(out, &self.source);
-        cbor::write_text(out, "seq");
-        cbor::write_head(out, cbor::UINT, self.seq);
-        cbor::write_text(out, "key");
-        cbor::write_text(out, &self.key);
-        cbor::write_text(out, "ts");
-        cbor::write_head(out, cbor::UINT, self.created_ms);
-        if let Some(t) = &self.event_type {
-            cbor::write_text(out, "type");
-            cbor::write_text(out, t);
-        }
-        if !self.headers.is_empty() {
-            cbor::write_text(out, "hdr");
-            encode_headers_into(out, &self.headers);
-        }
-        cbor::write_text(out, "p");
-        out.extend_from_slice(&self.payload);
+        let headers = (!self.headers.is_empty()).then(|| {
+            let mut h = Vec::new();
+            encode_headers_into(&mut h, &self.headers);
+            h
+        });
+        write_envelope(
+            out,
+            &Fields {
+                id: &self.id,
+                source: &self.source,
+                seq: self.seq,
+                key: &self.key,
+                created_ms: self.created_ms,
+                event_type: self.event_type.as_deref(),
+                headers: headers.as_deref(),
+            },
+            Payload::Cbor(&self.payload),
+        );
     }
 
     /// Encodes the envelope into a new buffer.
@@ -198,6 +192,56 @@ impl Envelope<'_> {
         env.payload =
             Cow::Owned(payload.ok_or_else(|| Error::Decode("envelope has no payload (\"p\")".into()))?);
         Ok(env)
+    }
+}
+
+/// The envelope's fields other than the payload, borrowed.
+pub(crate) struct Fields<'a> {
+    pub id: &'a MessageId,
+    pub source: &'a str,
+    pub seq: u64,
+    pub key: &'a str,
+    pub created_ms: u64,
+    pub event_type: Option<&'a str>,
+    /// Headers already encoded as a CBOR map (as the outbox stores them).
+    pub headers: Option<&'a [u8]>,
+}
+
+/// A payload as stored: one CBOR item, or text to be sent as a CBOR text string (the SQL
+/// contract lets foreign writers store TEXT).
+pub(crate) enum Payload<'a> {
+    Cbor(&'a [u8]),
+    Text(&'a str),
+}
+
+/// The one envelope writer: [`Envelope::encode_into`] and the relay both call it.
+pub(crate) fn write_envelope(out: &mut Vec<u8>, f: &Fields<'_>, payload: Payload<'_>) {
+    let pairs = 7 + u64::from(f.event_type.is_some()) + u64::from(f.headers.is_some());
+    cbor::write_head(out, cbor::MAP, pairs);
+    cbor::write_text(out, "v");
+    cbor::write_head(out, cbor::UINT, ENVELOPE_VERSION);
+    cbor::write_text(out, "id");
+    cbor::write_bytes(out, f.id.as_bytes());
+    cbor::write_text(out, "src");
+    cbor::write_text(out, f.source);
+    cbor::write_text(out, "seq");
+    cbor::write_head(out, cbor::UINT, f.seq);
+    cbor::write_text(out, "key");
+    cbor::write_text(out, f.key);
+    cbor::write_text(out, "ts");
+    cbor::write_head(out, cbor::UINT, f.created_ms);
+    if let Some(t) = f.event_type {
+        cbor::write_text(out, "type");
+        cbor::write_text(out, t);
+    }
+    if let Some(h) = f.headers {
+        cbor::write_text(out, "hdr");
+        out.extend_from_slice(h);
+    }
+    cbor::write_text(out, "p");
+    match payload {
+        Payload::Cbor(item) => out.extend_from_slice(item),
+        Payload::Text(text) => cbor::write_text(out, text),
     }
 }
 

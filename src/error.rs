@@ -66,6 +66,8 @@ pub enum Error {
     NotFound(String),
     /// No data directory could be found for the application name (no home directory).
     NoDataDir,
+    /// A background thread panicked. This is a bug in edge-outbox: please report it.
+    Panicked(String),
     /// A file-system operation failed.
     Io {
         /// What was being done, e.g. `"creating /data/outbox.db"`.
@@ -139,6 +141,10 @@ impl fmt::Display for Error {
             Error::NoDataDir => {
                 f.write_str("no data directory found for this user (is HOME set?): pass an explicit path")
             }
+            Error::Panicked(thread) => write!(
+                f,
+                "thread {thread} panicked (a bug in edge-outbox: please report it)"
+            ),
             Error::Io { context, source } => write!(f, "{context}: {source}"),
             Error::Sqlite(e) => write!(f, "database error: {e}"),
         }

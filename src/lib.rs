@@ -31,13 +31,18 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod cbor;
+mod commands;
 pub mod envelope;
 mod error;
+mod mqtt;
+mod relay;
 mod store;
 mod time;
 
 pub use envelope::{Envelope, MessageId};
 pub use error::{Error, Result};
+pub use mqtt::{MqttConfig, TlsConfig};
+pub use relay::{Relay, RelayConfig, Status};
 pub use store::{
     ApplyOutcome, Command, Committed, DeadLetter, Limits, Message, OnFull, Options, Origin, Outbox, Received,
     SCHEMA_VERSION, Stats, Synchronous, Tx, default_path, enqueue,

@@ -123,7 +123,8 @@ pub(crate) fn list(conn: &Connection, limit: usize) -> Result<Vec<DeadLetter>> {
 
 pub(crate) fn retry(conn: &mut Connection, options: &Options, dl_id: i64) -> Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let row: Option<(String, Option<Vec<u8>>, String, Option<Vec<u8>>)> = tx
+    type Row = (String, Option<Vec<u8>>, String, Option<Vec<u8>>);
+    let row: Option<Row> = tx
         .query_row(
             "SELECT origin, message_id, topic, CAST(payload AS BLOB) FROM dead_letters WHERE dl_id = ?1",
             [dl_id],

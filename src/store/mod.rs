@@ -16,6 +16,7 @@ use rusqlite::{Connection, TransactionBehavior};
 
 pub use dead_letters::{DeadLetter, Origin};
 pub use inbox::{ApplyOutcome, Command, Received};
+pub(crate) use open::connect;
 pub use open::default_path;
 pub use options::{Limits, OnFull, Options, Synchronous};
 pub use outbox::{Committed, Message, Tx, enqueue};
@@ -203,6 +204,23 @@ impl Outbox {
         // transaction back, so the connection is consistent and safe to keep using.
         self.shared.conn.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Stores one command delivery on `conn` (the command session's own connection).
+pub(crate) fn inbox_receive(
+    conn: &Connection,
+    options: &Options,
+    topic: &str,
+    bytes: &[u8],
+) -> Result<Received> {
+    inbox::receive(conn, options, topic, bytes)
+}
+
+/// Periodic housekeeping on `conn`: prune past retention, return free pages.
+pub(crate) fn maintain(conn: &Connection, options: &Options) -> Result<u64> {
+    let deleted = inbox::prune(conn, options)? + outbox::prune_sent(conn, options)?;
+    conn.execute_batch("PRAGMA incremental_vacuum")?;
+    Ok(deleted)
 }
 
 impl std::fmt::Debug for Outbox {

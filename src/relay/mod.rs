@@ -1,0 +1,359 @@
+//! The relay: background threads that publish the outbox over MQTT and, optionally, receive and
+//! apply commands.
+
+pub(crate) mod backoff;
+pub(crate) mod driver;
+mod lock;
+mod publisher;
+mod rows;
+pub(crate) mod status;
+mod tracker;
+
+use std::fmt::Display;
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use rumqttc::Client;
+
+use self::backoff::Backoff;
+use self::driver::{Flow, Signal, drive};
+use self::lock::RelayLock;
+use self::publisher::{DEFAULT_SHUTDOWN_TIMEOUT, Msg, Publisher};
+pub use self::status::Status;
+use self::status::StatusCell;
+use crate::commands::{CommandSession, Handler, run_handler};
+use crate::error::{Error, Result};
+use crate::mqtt::MqttConfig;
+use crate::store::{Command, Outbox, Tx, connect};
+
+/// How the relay runs. Setters return `Self`; [`Relay::start`] validates.
+///
+/// | setting | default |
+/// |---|---|
+/// | [`source`](Self::source) | the MQTT client id |
+/// | [`max_in_flight`](Self::max_in_flight) | 100 |
+/// | [`poll_interval`](Self::poll_interval) | 50 ms |
+/// | [`reconnect_backoff`](Self::reconnect_backoff) | 100 ms doubling to 30 s, with jitter |
+/// | [`shutdown_timeout`](Self::shutdown_timeout) | 5 s |
+/// | [`prune_interval`](Self::prune_interval) | 10 min |
+/// | [`commands`](Self::commands) | none: publish only, one MQTT session |
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayConfig {
+    pub(crate) mqtt: MqttConfig,
+    pub(crate) source: String,
+    pub(crate) max_in_flight: usize,
+    pub(crate) poll_interval: Duration,
+    pub(crate) backoff_min: Duration,
+    pub(crate) backoff_max: Duration,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) prune_interval: Duration,
+    pub(crate) commands: Option<String>,
+    pub(crate) commands_client_id: Option<String>,
+}
+
+impl RelayConfig {
+    /// A relay publishing to the broker in `mqtt`.
+    pub fn new(mqtt: MqttConfig) -> Self {
+        RelayConfig {
+            source: mqtt.id().to_owned(),
+            mqtt,
+            max_in_flight: 100,
+            poll_interval: Duration::from_millis(50),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(30),
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            prune_interval: Duration::from_secs(600),
+            commands: None,
+            commands_client_id: None,
+        }
+    }
+
+    /// The `src` field of every envelope (default: the MQTT client id).
+    pub fn source(mut self, source: impl Into<String>) -> Self {
+        self.source = source.into();
+        self
+    }
+
+    /// Most messages published and not yet acknowledged (default 100, at most 65535).
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n;
+        self
+    }
+
+    /// How often an idle relay checks the file for rows committed by other processes or other
+    /// handles (default 50 ms; a cheap `PRAGMA data_version`). Commits through the same
+    /// [`Outbox`] handle wake the relay at once.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// Wait between connection attempts: from `min`, doubling to `max`, with jitter; reset after
+    /// a successful connection (default 100 ms to 30 s).
+    pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.backoff_min = min;
+        self.backoff_max = max;
+        self
+    }
+
+    /// How long [`Relay::shutdown`] waits for in-flight PUBACKs (default 5 s). Unacknowledged
+    /// messages stay in the outbox and are published again next time.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// How often applied command ids and retained sent rows past their retention are pruned
+    /// (default 10 min).
+    pub fn prune_interval(mut self, interval: Duration) -> Self {
+        self.prune_interval = interval;
+        self
+    }
+
+    /// Receive commands on this topic filter, in a second, persistent session (`clean_session =
+    /// false`) whose client id is the main one plus `-commands`, unless set with
+    /// [`commands_client_id`](Self::commands_client_id).
+    pub fn commands(mut self, filter: impl Into<String>) -> Self {
+        self.commands = Some(filter.into());
+        self
+    }
+
+    /// The command session's client id.
+    pub fn commands_client_id(mut self, id: impl Into<String>) -> Self {
+        self.commands_client_id = Some(id.into());
+        self
+    }
+
+    /// The broker settings.
+    pub fn mqtt(&self) -> &MqttConfig {
+        &self.mqtt
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.max_in_flight == 0 || self.max_in_flight > usize::from(u16::MAX) {
+            return Err(Error::InvalidConfig(
+                "max_in_flight must be from 1 to 65535".into(),
+            ));
+        }
+        if self.poll_interval.is_zero() {
+            return Err(Error::InvalidConfig("poll_interval must be above zero".into()));
+        }
+        if self.commands.as_deref() == Some("") {
+            return Err(Error::InvalidConfig("command topic filter is empty".into()));
+        }
+        Ok(())
+    }
+
+    fn commands_client(&self) -> String {
+        self.commands_client_id
+            .clone()
+            .unwrap_or_else(|| format!("{}-commands", self.mqtt.id()))
+    }
+}
+
+/// A running relay: its threads, their shared status, and the lock that makes it the only relay
+/// on its file. Stop it with [`Relay::shutdown`]; dropping it does the same, ignoring errors.
+///
+/// ```no_run
+/// use edge_outbox::{MqttConfig, Outbox, Relay, RelayConfig};
+///
+/// let outbox = Outbox::open("/var/lib/pump/outbox.db")?;
+/// let relay = Relay::start(&outbox, RelayConfig::new(MqttConfig::new("127.0.0.1", 1883).client_id("pump-17")))?;
+/// outbox.transaction(|tx| tx.publish("pumps/17/started", "pump-17", &true))?;
+/// println!("{:?}", relay.status()?);
+/// relay.shutdown()?;
+/// # Ok::<(), edge_outbox::Error>(())
+/// ```
+pub struct Relay {
+    stop: Option<Sender<()>>,
+    threads: Vec<JoinHandle<Result<()>>>,
+    command_client: Option<Client>,
+    status: Arc<StatusCell>,
+    outbox: Outbox,
+    lock: Option<RelayLock>,
+}
+
+impl Relay {
+    /// Starts publishing `outbox` (and receiving commands, if configured) in background threads.
+    /// Commands are stored in the inbox; apply them with [`Outbox::apply_next`], from this or
+    /// another process, or use [`Relay::start_with_handler`].
+    ///
+    /// Fails with [`Error::RelayAlreadyRunning`] if a relay holds this file's lock.
+    pub fn start(outbox: &Outbox, config: RelayConfig) -> Result<Relay> {
+        Self::spawn(outbox, config, None)
+    }
+
+    /// Like [`Relay::start`], plus a thread that applies each stored command with `handler`, in
+    /// the transaction that marks it applied (see [`Outbox::apply_next`]).
+    pub fn start_with_handler<E, F>(outbox: &Outbox, config: RelayConfig, mut handler: F) -> Result<Relay>
+    where
+        F: FnMut(&mut Tx<'_>, &Command) -> std::result::Result<(), E> + Send + 'static,
+        E: Display,
+    {
+        let boxed: Handler = Box::new(move |tx, cmd| handler(tx, cmd).map_err(|e| e.to_string()));
+        Self::spawn(outbox, config, Some(boxed))
+    }
+
+    fn spawn(outbox: &Outbox, config: RelayConfig, handler: Option<Handler>) -> Result<Relay> {
+        config.validate()?;
+        let lock = RelayLock::acquire(outbox.path())?;
+        let publish_options = config.mqtt.to_rumqttc(config.mqtt.id(), true, true)?;
+        let command_options = match &config.commands {
+            Some(_) => Some(config.mqtt.to_rumqttc(&config.commands_client(), false, false)?),
+            None => None,
+        };
+        let relay_conn = connect(outbox.path(), outbox.options())?;
+        // Losing a mark to a power cut only means publishing that row again, so the relay's own
+        // writes skip the fsync: fewer flash writes, and throughput not bound by fdatasync.
+        relay_conn.pragma_update(None, "synchronous", "NORMAL")?;
+
+        let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
+        let status = Arc::new(StatusCell::default());
+        let mut relay = Relay {
+            stop: Some(stop_tx),
+            threads: Vec::new(),
+            command_client: None,
+            status: status.clone(),
+            outbox: outbox.clone(),
+            lock: Some(lock),
+        };
+        let backoff = Backoff::new(config.backoff_min, config.backoff_max);
+        let connect_timeout = config.mqtt.connect_timeout_value();
+
+        // Publishing session: one thread drives rumqttc, one feeds it rows and marks acks.
+        let (client, connection) = Client::new(publish_options, config.max_in_flight + 16);
+        let (events_tx, events_rx) = crossbeam_channel::unbounded();
+        {
+            let stop = stop_rx.clone();
+            let backoff = backoff.clone();
+            relay.spawn_thread("edge-outbox-mqtt", move || {
+                drive(connection, &stop, backoff, connect_timeout, |signal| {
+                    forward(&events_tx, signal)
+                })
+            })?;
+        }
+        let publisher = Publisher {
+            conn: relay_conn,
+            options: outbox.options().clone(),
+            config: config.clone(),
+            client,
+            events: events_rx,
+            wake: outbox.wake_receiver(),
+            stop: stop_rx.clone(),
+            status: status.clone(),
+        };
+        relay.spawn_thread("edge-outbox-relay", move || publisher.run())?;
+
+        if let (Some(filter), Some(options)) = (&config.commands, command_options) {
+            let (client, connection) = Client::new(options, 1024);
+            let (arrivals_tx, arrivals_rx) = crossbeam_channel::bounded(1);
+            relay.command_client = Some(client.clone());
+            let session = CommandSession {
+                conn: connect(outbox.path(), outbox.options())?,
+                options: outbox.options().clone(),
+                client,
+                filter: filter.clone(),
+                arrivals: arrivals_tx,
+                stop: stop_rx.clone(),
+                status: status.clone(),
+                backoff,
+                connect_timeout,
+            };
+            relay.spawn_thread("edge-outbox-commands", move || session.run(connection))?;
+            if let Some(handler) = handler {
+                let (outbox, stop, status) = (outbox.clone(), stop_rx.clone(), status.clone());
+                relay.spawn_thread("edge-outbox-handler", move || {
+                    run_handler(outbox, handler, arrivals_rx, stop, status)
+                })?;
+            }
+        } else if let Some(handler) = handler {
+            // No command session in this process: apply what others store (SQL contract).
+            let (outbox, stop, status) = (outbox.clone(), stop_rx.clone(), status.clone());
+            relay.spawn_thread("edge-outbox-handler", move || {
+                run_handler(outbox, handler, crossbeam_channel::never(), stop, status)
+            })?;
+        }
+        tracing::info!(
+            broker = %format!("{}:{}", config.mqtt.host(), config.mqtt.port()),
+            client_id = config.mqtt.id(),
+            commands = ?config.commands,
+            lock = %relay.lock.as_ref().map(|l| l.path().display().to_string()).unwrap_or_default(),
+            "relay started"
+        );
+        Ok(relay)
+    }
+
+    fn spawn_thread(&mut self, name: &str, f: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
+        let handle = thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(f)
+            .map_err(|e| Error::io(format!("spawning thread {name}"), e))?;
+        self.threads.push(handle);
+        Ok(())
+    }
+
+    /// Connection state, counters and the store's stats.
+    pub fn status(&self) -> Result<Status> {
+        Ok(self.status.snapshot(self.outbox.stats()?))
+    }
+
+    /// Stops taking new rows, waits (up to the shutdown timeout) for in-flight PUBACKs, marks
+    /// them, disconnects both sessions and joins every thread. Returns the first thread's error.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.stop_and_join()
+    }
+
+    fn stop_and_join(&mut self) -> Result<()> {
+        // Dropping the sender wakes every thread's stop receiver at once.
+        drop(self.stop.take());
+        if let Some(client) = self.command_client.take() {
+            let _ = client.try_disconnect();
+        }
+        let mut first_error = None;
+        for handle in self.threads.drain(..) {
+            let name = handle.thread().name().unwrap_or("edge-outbox").to_owned();
+            let result = match handle.join() {
+                Ok(result) => result,
+                Err(_) => Err(Error::Panicked(name.clone())),
+            };
+            if let Err(e) = result {
+                tracing::error!(thread = %name, error = %e, "relay thread failed");
+                first_error.get_or_insert(e);
+            }
+        }
+        self.lock.take();
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() && !thread::panicking() {
+            let _ = self.stop_and_join();
+        }
+    }
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("path", &self.outbox.path())
+            .field("threads", &self.threads.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The connection thread's side of the publisher channel. A disconnect waits for the publisher's
+/// reply, so nothing it submits for the dead connection survives the next drain.
+fn forward(events: &Sender<Msg>, signal: Signal) -> Result<Flow> {
+    let sent = match signal {
+        Signal::Event(event) => events.send(Msg::Event(event)).is_ok(),
+        Signal::Disconnected(error) => {
+            let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
+            events.send(Msg::Disconnected(error, reply_tx)).is_ok() && reply_rx.recv().is_ok()
+        }
+    };
+    Ok(if sent { Flow::Continue } else { Flow::Stop })
+}

@@ -1,0 +1,184 @@
+//! The relay's side of the database: read pending rows in order, mark acknowledged ones,
+//! dead-letter the ones that can never be published.
+
+use std::collections::VecDeque;
+
+use rusqlite::types::ValueRef;
+use rusqlite::{Connection, TransactionBehavior, params};
+
+use crate::cbor::{self, Reader};
+use crate::envelope::{Fields, MessageId, Payload, decode_headers, write_envelope};
+use crate::error::{Error, Result};
+use crate::store::Options;
+use crate::time::now_ms;
+
+/// One outbox row, encoded and ready to hand to rumqttc.
+pub(crate) struct Ready {
+    pub seq: i64,
+    pub topic: String,
+    pub envelope: Vec<u8>,
+}
+
+/// A row that cannot be published as stored.
+pub(crate) struct Unpublishable {
+    pub seq: i64,
+    pub reason: String,
+}
+
+pub(crate) struct Encoding<'a> {
+    pub source: &'a str,
+    /// Largest MQTT packet the broker connection allows.
+    pub max_packet: usize,
+}
+
+/// How much one read got.
+pub(crate) struct Read {
+    /// Rows read; fewer than asked means the end of the outbox.
+    pub rows: usize,
+    /// The last (highest) sequence number read.
+    pub last_seq: Option<i64>,
+}
+
+/// Reads up to `limit` rows after `cursor`, in sequence order, into `ready`; rows that cannot be
+/// published go to `bad`.
+pub(crate) fn read_after(
+    conn: &Connection,
+    cfg: &Encoding<'_>,
+    cursor: i64,
+    limit: usize,
+    ready: &mut VecDeque<Ready>,
+    bad: &mut Vec<Unpublishable>,
+) -> Result<Read> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq, id, topic, key, payload, event_type, headers, created_at
+         FROM outbox WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+    )?;
+    let mut rows = stmt.query(params![cursor, i64::try_from(limit).unwrap_or(i64::MAX)])?;
+    let mut read = Read {
+        rows: 0,
+        last_seq: None,
+    };
+    while let Some(row) = rows.next()? {
+        let seq: i64 = row.get(0)?;
+        read.rows += 1;
+        read.last_seq = Some(seq);
+        match encode_row(row, cfg) {
+            Ok(r) => ready.push_back(r),
+            Err(reason) => bad.push(Unpublishable { seq, reason }),
+        }
+    }
+    Ok(read)
+}
+
+fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Result<Ready, String> {
+    let get = |e: rusqlite::Error| format!("unreadable row: {e}");
+    let seq: i64 = row.get(0).map_err(get)?;
+    let id = match row.get_ref(1).map_err(get)? {
+        ValueRef::Blob(b) => MessageId::from_slice(b).map_err(|e| e.to_string())?,
+        _ => return Err("id is not a 16-byte blob".into()),
+    };
+    let topic: String = row.get(2).map_err(get)?;
+    if topic.is_empty() || topic.contains(['+', '#', '\0']) {
+        return Err(Error::InvalidTopic(topic).to_string());
+    }
+    let key: String = row.get(3).map_err(get)?;
+    let payload = match row.get_ref(4).map_err(get)? {
+        ValueRef::Blob(b) => {
+            cbor::check_one_item(b).map_err(|e| format!("payload is not one CBOR item: {e}"))?;
+            Payload::Cbor(b)
+        }
+        ValueRef::Text(t) => Payload::Text(std::str::from_utf8(t).map_err(|_| "payload text is not UTF-8")?),
+        _ => return Err("payload is neither a CBOR blob nor text".into()),
+    };
+    let event_type: Option<&str> = match row.get_ref(5).map_err(get)? {
+        ValueRef::Text(t) => Some(std::str::from_utf8(t).map_err(|_| "event_type is not UTF-8")?),
+        ValueRef::Null => None,
+        _ => return Err("event_type is not text".into()),
+    };
+    let headers = match row.get_ref(6).map_err(get)? {
+        ValueRef::Blob(h) => {
+            let mut r = Reader::new(h);
+            decode_headers(&mut r).map_err(|e| format!("headers are not a CBOR map of text: {e}"))?;
+            if !r.is_empty() {
+                return Err("trailing bytes after the headers map".into());
+            }
+            Some(h)
+        }
+        ValueRef::Null => None,
+        _ => return Err("headers are not a CBOR blob".into()),
+    };
+    let created_ms: i64 = row.get(7).map_err(get)?;
+    let mut envelope = Vec::with_capacity(96);
+    let fields = Fields {
+        id: &id,
+        source: cfg.source,
+        seq: u64::try_from(seq).unwrap_or(0),
+        key: &key,
+        created_ms: u64::try_from(created_ms).unwrap_or(0),
+        event_type,
+        headers,
+    };
+    write_envelope(&mut envelope, &fields, payload);
+    // Fixed header (1), remaining length (up to 4), topic length (2), topic, packet id (2), payload.
+    let packet = 1 + 4 + 2 + topic.len() + 2 + envelope.len();
+    if packet > cfg.max_packet {
+        return Err(format!(
+            "message needs a {packet}-byte MQTT packet, above the {}-byte limit",
+            cfg.max_packet
+        ));
+    }
+    Ok(Ready { seq, topic, envelope })
+}
+
+/// Deletes (or, with a sent retention, moves to `outbox_sent`) the acknowledged rows, in one
+/// transaction.
+pub(crate) fn mark_acked(conn: &mut Connection, options: &Options, seqs: &[i64]) -> Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    {
+        let now = now_ms();
+        let mut keep = options
+            .sent_retention
+            .map(|_| {
+                tx.prepare_cached(
+                    "INSERT OR IGNORE INTO outbox_sent
+                         (seq, id, topic, key, payload, event_type, headers, created_at, sent_at)
+                     SELECT seq, id, topic, key, payload, event_type, headers, created_at, ?2
+                     FROM outbox WHERE seq = ?1",
+                )
+            })
+            .transpose()?;
+        let mut delete = tx.prepare_cached("DELETE FROM outbox WHERE seq = ?1")?;
+        for &seq in seqs {
+            if let Some(keep) = keep.as_mut() {
+                keep.execute(params![seq, now])?;
+            }
+            delete.execute([seq])?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Moves rows that can never be published to the dead letters, with the reason.
+pub(crate) fn dead_letter(conn: &mut Connection, bad: &[Unpublishable]) -> Result<()> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    for b in bad {
+        tx.execute(
+            "INSERT INTO dead_letters (origin, message_id, topic, key, payload, event_type, headers,
+                                       reason, created_at)
+             SELECT 'outbox', id, topic, key, payload, event_type, headers, ?2, created_at
+             FROM outbox WHERE seq = ?1",
+            params![b.seq, b.reason],
+        )?;
+        tx.execute("DELETE FROM outbox WHERE seq = ?1", [b.seq])?;
+        tracing::warn!(seq = b.seq, reason = %b.reason, "outbox row dead-lettered");
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// The database's change counter as this connection sees it: it moves when another connection
+/// commits, which is how rows written by other processes are noticed without scanning.
+pub(crate) fn data_version(conn: &Connection) -> Result<i64> {
+    Ok(conn.query_row("PRAGMA data_version", [], |r| r.get(0))?)
+}

@@ -1,0 +1,128 @@
+//! What a running relay reports about itself.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+use crate::store::Stats;
+
+/// A snapshot of a running relay and its store. See [`Relay::status`](crate::Relay::status).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Status {
+    /// The publishing session is connected.
+    pub connected: bool,
+    /// The command session is connected (false when no command session is configured).
+    pub commands_connected: bool,
+    /// The most recent error of any session, if one happened since start.
+    pub last_error: Option<String>,
+    /// Messages handed to the broker and not yet acknowledged.
+    pub in_flight: u64,
+    /// Messages handed to the broker since start (resends count again).
+    pub published: u64,
+    /// PUBACKs received for outbox rows since start.
+    pub acknowledged: u64,
+    /// Outbox rows moved to the dead letters since start.
+    pub dead_lettered: u64,
+    /// Successful connections of the publishing session since start.
+    pub connections: u64,
+    /// Command deliveries stored since start.
+    pub commands_received: u64,
+    /// Command deliveries recognised as duplicates since start.
+    pub commands_duplicate: u64,
+    /// Commands applied by the registered handler since start.
+    pub commands_applied: u64,
+    /// The store's counters.
+    pub store: Stats,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct StatusCell {
+    connected: AtomicBool,
+    commands_connected: AtomicBool,
+    in_flight: AtomicU64,
+    published: AtomicU64,
+    acknowledged: AtomicU64,
+    dead_lettered: AtomicU64,
+    connections: AtomicU64,
+    commands_received: AtomicU64,
+    commands_duplicate: AtomicU64,
+    commands_applied: AtomicU64,
+    last_error: Mutex<Option<String>>,
+}
+
+impl StatusCell {
+    pub(crate) fn on_connected(&self) {
+        self.connected.store(true, Relaxed);
+        self.in_flight.store(0, Relaxed);
+        self.connections.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn on_disconnected(&self, error: String) {
+        self.connected.store(false, Relaxed);
+        self.in_flight.store(0, Relaxed);
+        self.set_error(error);
+    }
+
+    pub(crate) fn set_connected(&self, connected: bool) {
+        self.connected.store(connected, Relaxed);
+    }
+
+    pub(crate) fn set_commands_connected(&self, connected: bool) {
+        self.commands_connected.store(connected, Relaxed);
+    }
+
+    pub(crate) fn on_published(&self, in_flight: usize) {
+        self.published.fetch_add(1, Relaxed);
+        self.in_flight.store(in_flight as u64, Relaxed);
+    }
+
+    pub(crate) fn on_acked(&self, in_flight: usize) {
+        self.acknowledged.fetch_add(1, Relaxed);
+        self.in_flight.store(in_flight as u64, Relaxed);
+    }
+
+    pub(crate) fn on_dead_lettered(&self, n: usize) {
+        self.dead_lettered.fetch_add(n as u64, Relaxed);
+    }
+
+    pub(crate) fn on_command(&self, duplicate: bool) {
+        let counter = if duplicate {
+            &self.commands_duplicate
+        } else {
+            &self.commands_received
+        };
+        counter.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn on_applied(&self) {
+        self.commands_applied.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn set_error(&self, error: String) {
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error);
+    }
+
+    pub(crate) fn snapshot(&self, store: Stats) -> Status {
+        Status {
+            connected: self.connected.load(Relaxed),
+            commands_connected: self.commands_connected.load(Relaxed),
+            last_error: self
+                .last_error
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
+            in_flight: self.in_flight.load(Relaxed),
+            published: self.published.load(Relaxed),
+            acknowledged: self.acknowledged.load(Relaxed),
+            dead_lettered: self.dead_lettered.load(Relaxed),
+            connections: self.connections.load(Relaxed),
+            commands_received: self.commands_received.load(Relaxed),
+            commands_duplicate: self.commands_duplicate.load(Relaxed),
+            commands_applied: self.commands_applied.load(Relaxed),
+            store,
+        }
+    }
+}

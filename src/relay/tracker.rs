@@ -1,0 +1,135 @@
+//! Matches rumqttc's packet ids back to outbox rows.
+//!
+//! rumqttc 0.25 returns no packet id from `publish`. The relay is the only publisher on its client,
+//! so the n-th `Outgoing::Publish(pkid)` event belongs to the n-th row submitted, with two
+//! exceptions this type absorbs: a packet-id collision first reports `Outgoing::AwaitAck(pkid)` and
+//! sends the row later, after the PUBACK that frees the id, with an `Outgoing::Publish(pkid)`; and
+//! a replayed publish reports an id that is already mapped. QoS 0 publishes (the status message)
+//! report id 0 and are not rows.
+
+use std::collections::{HashMap, VecDeque};
+
+/// A row handed to rumqttc, by its outbox sequence number.
+pub(crate) type Seq = i64;
+
+#[derive(Debug, Default)]
+pub(crate) struct Tracker {
+    /// Submitted, not yet reported by rumqttc, in submission order.
+    submitted: VecDeque<Seq>,
+    /// On the wire, waiting for their PUBACK.
+    by_pkid: HashMap<u16, Seq>,
+    /// Waiting for their packet id to be freed (collision).
+    parked: HashMap<u16, Seq>,
+}
+
+impl Tracker {
+    pub(crate) fn submit(&mut self, seq: Seq) {
+        self.submitted.push_back(seq);
+    }
+
+    pub(crate) fn on_publish(&mut self, pkid: u16) {
+        if pkid == 0 {
+            return;
+        }
+        if let Some(seq) = self.parked.remove(&pkid) {
+            self.by_pkid.insert(pkid, seq);
+        } else if self.by_pkid.contains_key(&pkid) {
+            tracing::debug!(pkid, "publish event for a mapped packet id (replay): ignored");
+        } else if let Some(seq) = self.submitted.pop_front() {
+            self.by_pkid.insert(pkid, seq);
+        } else {
+            tracing::warn!(pkid, "publish event with no submitted row: ignored");
+        }
+    }
+
+    pub(crate) fn on_await_ack(&mut self, pkid: u16) {
+        match self.submitted.pop_front() {
+            Some(seq) => {
+                self.parked.insert(pkid, seq);
+            }
+            None => tracing::warn!(pkid, "collision event with no submitted row: ignored"),
+        }
+    }
+
+    /// The row a PUBACK acknowledges, if it is one of ours.
+    pub(crate) fn on_puback(&mut self, pkid: u16) -> Option<Seq> {
+        let seq = self.by_pkid.remove(&pkid);
+        if seq.is_none() {
+            tracing::debug!(pkid, "PUBACK for an unknown packet id: ignored");
+        }
+        seq
+    }
+
+    /// Rows handed to rumqttc and not yet acknowledged.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.submitted.len() + self.by_pkid.len() + self.parked.len()
+    }
+
+    /// Forgets everything: after a disconnect nothing in flight will be acknowledged.
+    pub(crate) fn reset(&mut self) {
+        self.submitted.clear();
+        self.by_pkid.clear();
+        self.parked.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_order_acks_map_rows() {
+        let mut t = Tracker::default();
+        for seq in 10..13 {
+            t.submit(seq);
+        }
+        for pkid in 1..=3 {
+            t.on_publish(pkid);
+        }
+        assert_eq!(t.in_flight(), 3);
+        assert_eq!(t.on_puback(2), Some(11));
+        assert_eq!(t.on_puback(1), Some(10));
+        assert_eq!(t.on_puback(3), Some(12));
+        assert_eq!(t.in_flight(), 0);
+    }
+
+    #[test]
+    fn collision_parks_the_row_until_its_id_is_free() {
+        let mut t = Tracker::default();
+        t.submit(1);
+        t.submit(2);
+        t.on_publish(1);
+        t.on_await_ack(1); // row 2 wants id 1, still held by row 1
+        assert_eq!(t.in_flight(), 2);
+        assert_eq!(t.on_puback(1), Some(1)); // frees id 1 ...
+        t.on_publish(1); // ... and rumqttc sends row 2 with it
+        assert_eq!(t.on_puback(1), Some(2));
+        assert_eq!(t.in_flight(), 0);
+    }
+
+    #[test]
+    fn replays_status_publishes_and_strangers_do_not_shift_the_fifo() {
+        let mut t = Tracker::default();
+        t.submit(7);
+        t.submit(8);
+        t.on_publish(0); // QoS 0 status message
+        t.on_publish(4);
+        t.on_publish(4); // replay of id 4
+        t.on_publish(5);
+        assert_eq!(t.on_puback(9), None);
+        assert_eq!(t.on_puback(4), Some(7));
+        assert_eq!(t.on_puback(5), Some(8));
+        assert_eq!(t.on_puback(4), None, "each PUBACK acknowledges once");
+    }
+
+    #[test]
+    fn reset_forgets_everything() {
+        let mut t = Tracker::default();
+        t.submit(1);
+        t.on_publish(1);
+        t.submit(2);
+        t.reset();
+        assert_eq!(t.in_flight(), 0);
+        assert_eq!(t.on_puback(1), None);
+    }
+}
