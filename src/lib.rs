@@ -34,6 +34,8 @@ mod cbor;
 mod commands;
 pub mod envelope;
 mod error;
+#[doc(hidden)]
+pub mod failpoint;
 mod mqtt;
 mod relay;
 mod store;

@@ -86,6 +86,7 @@ impl CommandSession {
                         }
                     };
                     store_backoff.reset();
+                    crate::failpoint::hit("command-stored-before-ack");
                     match &received {
                         Received::Stored(id) => {
                             tracing::debug!(%id, topic = %publish.topic, "command stored");

@@ -138,6 +138,7 @@ impl Publisher {
             Msg::Event(Event::Outgoing(Outgoing::AwaitAck(pkid))) => s.tracker.on_await_ack(pkid),
             Msg::Event(Event::Incoming(Packet::PubAck(ack))) => {
                 if let Some(seq) = s.tracker.on_puback(ack.pkid) {
+                    crate::failpoint::hit("after-puback-before-mark");
                     s.acked.push(seq);
                     self.status.on_acked(s.tracker.in_flight());
                 }

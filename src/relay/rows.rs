@@ -148,11 +148,14 @@ pub(crate) fn mark_acked(conn: &mut Connection, options: &Options, seqs: &[i64])
             })
             .transpose()?;
         let mut delete = tx.prepare_cached("DELETE FROM outbox WHERE seq = ?1")?;
-        for &seq in seqs {
+        for (i, &seq) in seqs.iter().enumerate() {
             if let Some(keep) = keep.as_mut() {
                 keep.execute(params![seq, now])?;
             }
             delete.execute([seq])?;
+            if i == seqs.len() / 2 {
+                crate::failpoint::hit("mid-mark");
+            }
         }
     }
     tx.commit()?;

@@ -119,6 +119,7 @@ impl Outbox {
         let mut t = Tx::new(tx, &self.shared.options.limits);
         let value = f(&mut t)?;
         let ids = t.commit()?;
+        crate::failpoint::hit("after-business-commit");
         drop(conn);
         if !ids.is_empty() {
             self.wake_relay();

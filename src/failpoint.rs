@@ -1,0 +1,44 @@
+//! Named crash points for the crash-consistency tests, compiled in only with the `failpoints`
+//! feature. A failpoint aborts the process (no destructors, no flushes), as a power cut to the
+//! program would; the kernel still writes out what SQLite handed it, so this models a process
+//! crash, not a machine one (see docs/reliability.md for the power-loss tests).
+//!
+//! `EDGE_OUTBOX_FAILPOINT=name` aborts at the first hit of `name`; `name:N` at the N-th.
+
+/// Every failpoint name, so a test can check it named one that exists.
+pub const FAILPOINTS: &[&str] = &[
+    "after-business-commit",
+    "after-puback-before-mark",
+    "mid-mark",
+    "command-stored-before-ack",
+    "handler-mid-effect",
+];
+
+/// Aborts the process if `name` is the armed failpoint and this is the armed hit.
+#[cfg(feature = "failpoints")]
+pub fn hit(name: &str) {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static ARMED: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    static HITS: AtomicU64 = AtomicU64::new(0);
+    let armed = ARMED.get_or_init(|| {
+        let spec = std::env::var("EDGE_OUTBOX_FAILPOINT").ok()?;
+        let (name, nth) = match spec.split_once(':') {
+            Some((n, k)) => (n.to_owned(), k.parse().unwrap_or(1)),
+            None => (spec, 1),
+        };
+        Some((name, nth.max(1)))
+    });
+    if let Some((armed, nth)) = armed
+        && armed == name
+        && HITS.fetch_add(1, Ordering::SeqCst) + 1 == *nth
+    {
+        eprintln!("edge-outbox: failpoint {name} hit: aborting");
+        std::process::abort();
+    }
+}
+
+/// Without the `failpoints` feature a failpoint compiles to nothing.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit(_name: &str) {}
