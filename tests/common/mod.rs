@@ -104,3 +104,20 @@ pub fn now_ms() -> i64 {
         .unwrap_or_default();
     i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
 }
+
+/// Lower-case hex of `bytes`.
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Bytes from hex (surrounding whitespace ignored).
+pub fn from_hex(hex: &str) -> TestResult<Vec<u8>> {
+    let hex = hex.trim();
+    if !hex.len().is_multiple_of(2) {
+        return Err(format!("odd-length hex {hex:?}").into());
+    }
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| Ok(u8::from_str_radix(&hex[i..i + 2], 16)?))
+        .collect()
+}

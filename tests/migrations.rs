@@ -1,0 +1,238 @@
+//! Opening the store: a new file is created owner-only and migrated once, however many handles
+//! race to open it; reopening changes nothing; the application's own tables and `user_version`
+//! are left alone; a newer schema or a file that is not a database is a clear error.
+
+mod common;
+
+use std::sync::{Arc, Barrier};
+
+use common::{TestResult, query_i64, temp_db};
+use edge_outbox::{Error, Outbox, SCHEMA_VERSION};
+
+fn schema_version(outbox: &Outbox) -> TestResult<i64> {
+    query_i64(
+        outbox,
+        "SELECT value FROM edge_outbox_meta WHERE name = 'schema_version'",
+    )
+}
+
+/// Every table, index and trigger, as SQLite stores their definitions.
+fn schema_sql(outbox: &Outbox) -> TestResult<Vec<(String, String)>> {
+    Ok(outbox.with_connection(|c| {
+        c.prepare("SELECT name, coalesce(sql, '') FROM sqlite_schema ORDER BY name")?
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<Vec<_>>>()
+    })?)
+}
+
+#[test]
+fn a_new_file_is_created_migrated_and_configured() -> TestResult {
+    let (dir, _) = temp_db()?;
+    let path = dir.path().join("nested/dirs/device.db");
+    let outbox = Outbox::open(&path)?;
+    assert_eq!(schema_version(&outbox)?, SCHEMA_VERSION);
+    let names: Vec<String> = schema_sql(&outbox)?.into_iter().map(|(n, _)| n).collect();
+    for table in [
+        "edge_outbox_meta",
+        "outbox",
+        "outbox_sent",
+        "outbox_counters",
+        "inbox",
+        "dead_letters",
+    ] {
+        assert!(
+            names.iter().any(|n| n == table),
+            "missing table {table}: {names:?}"
+        );
+    }
+    let mode: String = outbox.with_connection(|c| c.query_row("PRAGMA journal_mode", [], |r| r.get(0)))?;
+    assert_eq!(mode, "wal");
+    assert_eq!(
+        query_i64(&outbox, "PRAGMA auto_vacuum")?,
+        2,
+        "incremental auto-vacuum"
+    );
+    assert_eq!(query_i64(&outbox, "PRAGMA synchronous")?, 2, "FULL by default");
+    assert_eq!(
+        query_i64(&outbox, "PRAGMA user_version")?,
+        0,
+        "user_version is the application's"
+    );
+    Ok(())
+}
+
+#[cfg(unix)]
+#[test]
+fn the_file_and_its_wal_are_owner_only() -> TestResult {
+    use std::os::unix::fs::PermissionsExt;
+    let (_dir, path) = temp_db()?;
+    let outbox = Outbox::open(&path)?;
+    outbox.transaction(|tx| tx.publish("t", "k", &1))?;
+    let mode =
+        |p: &std::path::Path| -> TestResult<u32> { Ok(std::fs::metadata(p)?.permissions().mode() & 0o777) };
+    assert_eq!(mode(&path)?, 0o600, "database file");
+    let wal = path.with_extension("db-wal");
+    assert!(wal.exists(), "the WAL exists while the handle is open");
+    assert_eq!(mode(&wal)?, 0o600, "WAL file");
+    Ok(())
+}
+
+#[test]
+fn reopening_is_idempotent_and_keeps_data() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    let first = Outbox::open(&path)?;
+    let schema = schema_sql(&first)?;
+    let id = first.transaction(|tx| tx.publish("t", "k", &"kept"))?.value;
+    drop(first);
+    for _ in 0..3 {
+        let again = Outbox::open(&path)?;
+        assert_eq!(schema_version(&again)?, SCHEMA_VERSION);
+        assert_eq!(schema_sql(&again)?, schema, "reopening changed the schema");
+        assert_eq!(query_i64(&again, "SELECT count(*) FROM edge_outbox_meta")?, 1);
+        let stored: Vec<u8> =
+            again.with_connection(|c| c.query_row("SELECT id FROM outbox", [], |r| r.get(0)))?;
+        assert_eq!(stored, id.as_bytes());
+        assert_eq!(again.stats()?.pending_messages, 1);
+    }
+    Ok(())
+}
+
+#[test]
+fn handles_racing_to_open_a_new_file_migrate_it_once() -> TestResult {
+    for _ in 0..10 {
+        let (_dir, path) = temp_db()?;
+        let barrier = Arc::new(Barrier::new(4));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (path, barrier) = (path.clone(), Arc::clone(&barrier));
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    Outbox::open(&path)
+                })
+            })
+            .collect();
+        let handles = threads
+            .into_iter()
+            .map(|t| t.join().map_err(|_| "open panicked"))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        for outbox in &handles {
+            assert_eq!(schema_version(outbox)?, SCHEMA_VERSION);
+        }
+        assert_eq!(
+            query_i64(&handles[0], "SELECT count(*) FROM edge_outbox_meta")?,
+            1
+        );
+        assert_eq!(
+            query_i64(
+                &handles[0],
+                "SELECT count(*) FROM sqlite_schema WHERE name = 'outbox'"
+            )?,
+            1
+        );
+        // Every handle can write.
+        for outbox in &handles {
+            outbox.transaction(|tx| tx.publish("t", "k", &1))?;
+        }
+        assert_eq!(handles[0].stats()?.pending_messages, 4);
+    }
+    Ok(())
+}
+
+#[test]
+fn the_applications_tables_and_user_version_survive_open() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    {
+        // The application had the file first, with its own schema and migration counter.
+        let conn = rusqlite::Connection::open(&path)?;
+        conn.execute_batch(
+            "CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER);
+             INSERT INTO orders VALUES ('o-1', 40), ('o-2', 60);
+             CREATE INDEX orders_total ON orders (total);
+             PRAGMA user_version = 42;",
+        )?;
+    }
+    let outbox = Outbox::open(&path)?;
+    assert_eq!(query_i64(&outbox, "SELECT sum(total) FROM orders")?, 100);
+    assert_eq!(query_i64(&outbox, "PRAGMA user_version")?, 42);
+    assert_eq!(schema_version(&outbox)?, SCHEMA_VERSION);
+    // The existing file is now in WAL mode, and business writes and messages commit together.
+    let mode: String = outbox.with_connection(|c| c.query_row("PRAGMA journal_mode", [], |r| r.get(0)))?;
+    assert_eq!(mode, "wal");
+    outbox.transaction(|tx| {
+        tx.execute("INSERT INTO orders VALUES ('o-3', 5)", [])?;
+        tx.publish("orders/placed", "o-3", &5)
+    })?;
+    drop(outbox);
+    let again = Outbox::open(&path)?;
+    assert_eq!(query_i64(&again, "SELECT count(*) FROM orders")?, 3);
+    assert_eq!(query_i64(&again, "PRAGMA user_version")?, 42);
+    Ok(())
+}
+
+#[test]
+fn a_newer_schema_is_refused_and_left_untouched() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    Outbox::open(&path)?.transaction(|tx| tx.publish("t", "k", &1))?;
+    let newer = SCHEMA_VERSION + 1;
+    {
+        let conn = rusqlite::Connection::open(&path)?;
+        conn.execute(
+            "UPDATE edge_outbox_meta SET value = ?1 WHERE name = 'schema_version'",
+            [newer],
+        )?;
+        // A table only the newer version knows about.
+        conn.execute_batch("CREATE TABLE outbox_v2_extra (x INTEGER)")?;
+    }
+    let err = Outbox::open(&path).expect_err("newer schema");
+    match &err {
+        Error::SchemaTooNew { found, supported } => assert_eq!((*found, *supported), (newer, SCHEMA_VERSION)),
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+    assert!(err.to_string().contains("upgrade edge-outbox"), "{err}");
+    let conn = rusqlite::Connection::open(&path)?;
+    let version: i64 = conn.query_row(
+        "SELECT value FROM edge_outbox_meta WHERE name = 'schema_version'",
+        [],
+        |r| r.get(0),
+    )?;
+    assert_eq!(version, newer);
+    let rows: i64 = conn.query_row("SELECT count(*) FROM outbox", [], |r| r.get(0))?;
+    assert_eq!(rows, 1);
+    Ok(())
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_refused_and_left_untouched() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    let junk = "this is a configuration file, not an SQLite database\n".repeat(100);
+    std::fs::write(&path, &junk)?;
+    let err = Outbox::open(&path).expect_err("not a database");
+    match &err {
+        Error::NotADatabase { path: p } => assert_eq!(p, &path),
+        other => panic!("expected NotADatabase, got {other:?}"),
+    }
+    assert!(err.to_string().contains("not an SQLite database"), "{err}");
+    assert_eq!(std::fs::read_to_string(&path)?, junk);
+    Ok(())
+}
+
+#[test]
+fn invalid_options_are_refused_before_the_file_is_created() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    let bad = [
+        edge_outbox::Options::new().max_attempts(0),
+        edge_outbox::Options::new().limits(edge_outbox::Limits::new().max_payload_bytes(0)),
+        edge_outbox::Options::new().retry_backoff(
+            std::time::Duration::from_secs(2),
+            std::time::Duration::from_secs(1),
+        ),
+    ];
+    for options in bad {
+        let err = Outbox::open_with(&path, options).expect_err("invalid");
+        assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
+    }
+    assert!(!path.exists(), "an invalid configuration created the file");
+    Ok(())
+}

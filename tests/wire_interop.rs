@@ -1,0 +1,150 @@
+//! The wire format is plain CBOR that a non-Rust library reads and writes: Python's `cbor2`
+//! decodes what Rust encodes, field by field with the payload as a native value, and Rust decodes
+//! and receives what `cbor2` encodes from a dict.
+
+mod common;
+
+use common::{TestResult, from_hex, python3, run_python, temp_db, to_hex};
+use edge_outbox::envelope::to_cbor;
+use edge_outbox::{ApplyOutcome, Envelope, MessageId, Outbox, Received};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+struct Order {
+    order: String,
+    total: u64,
+    items: Vec<String>,
+    paid: bool,
+    note: Option<String>,
+    celsius: f64,
+    delta: i64,
+}
+
+#[derive(Debug, PartialEq, Deserialize)]
+struct Credit {
+    amount: u64,
+    currency: String,
+    lines: Vec<String>,
+    rush: bool,
+    note: Option<String>,
+}
+
+#[test]
+fn python_decodes_what_rust_encodes() -> TestResult {
+    let Some(python) = python3("python_decodes_what_rust_encodes") else {
+        return Ok(());
+    };
+    let payload = Order {
+        order: "o-1".into(),
+        total: 1250,
+        items: vec!["a".into(), "b".into()],
+        paid: true,
+        note: None,
+        celsius: 21.5,
+        delta: -3,
+    };
+    let id = MessageId::new_v7();
+    let env = Envelope {
+        id,
+        source: "device-7".into(),
+        seq: 42,
+        key: "order-1".into(),
+        created_ms: 1_767_225_600_123,
+        event_type: Some("OrderPlaced.v1".into()),
+        headers: vec![
+            ("trace-id".into(), "4bf92f35".into()),
+            ("schema".into(), "1".into()),
+        ],
+        payload: to_cbor(&payload)?.into(),
+    };
+    let out = run_python(&python, "wire_decode.py", &[&to_hex(&env.encode())])?;
+    let expected = [
+        "keys v,id,src,seq,key,ts,type,hdr,p".to_owned(),
+        "v 1".to_owned(),
+        format!("id {}", to_hex(id.as_bytes())),
+        "src device-7".to_owned(),
+        "seq 42".to_owned(),
+        "key order-1".to_owned(),
+        "ts 1767225600123".to_owned(),
+        "type OrderPlaced.v1".to_owned(),
+        r#"hdr {"schema":"1","trace-id":"4bf92f35"}"#.to_owned(),
+        r#"p {"celsius":21.5,"delta":-3,"items":["a","b"],"note":null,"order":"o-1","paid":true,"total":1250}"#
+            .to_owned(),
+    ];
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines, expected);
+
+    // The optional fields are absent, not null, when unset; other values keep their types.
+    let bare = Envelope {
+        event_type: None,
+        headers: vec![],
+        payload: to_cbor(&"just text")?.into(),
+        seq: u64::MAX,
+        ..env
+    };
+    let out = run_python(&python, "wire_decode.py", &[&to_hex(&bare.encode())])?;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "keys v,id,src,seq,key,ts,p");
+    assert_eq!(lines[4], format!("seq {}", u64::MAX));
+    assert_eq!(lines[7..], ["type None", "hdr null", r#"p "just text""#]);
+    Ok(())
+}
+
+#[test]
+fn rust_decodes_and_receives_what_python_encodes() -> TestResult {
+    let Some(python) = python3("rust_decodes_and_receives_what_python_encodes") else {
+        return Ok(());
+    };
+    let id = MessageId::new_v7();
+    let bytes = from_hex(&run_python(&python, "wire_encode.py", &[&to_hex(id.as_bytes())])?)?;
+
+    let env = Envelope::decode(&bytes)?;
+    assert_eq!(env.id, id);
+    assert_eq!(env.source, "python-sender");
+    assert_eq!(env.seq, (1 << 40) + 3);
+    assert_eq!(env.key, "account-7");
+    assert_eq!(env.created_ms, 1_767_225_600_123);
+    assert_eq!(env.event_type.as_deref(), Some("Credit.v2"));
+    let mut headers: Vec<(&str, &str)> = env
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_ref(), v.as_ref()))
+        .collect();
+    headers.sort();
+    assert_eq!(headers, [("schema", "2"), ("trace-id", "4bf92f3577b34da6")]);
+    let expected = Credit {
+        amount: 1250,
+        currency: "EUR".into(),
+        lines: vec!["a".into(), "b".into()],
+        rush: false,
+        note: None,
+    };
+    assert_eq!(env.payload_as::<Credit>()?, expected);
+
+    // Through the inbox: stored once, and the handler sees the same command.
+    let (_dir, path) = temp_db()?;
+    let outbox = Outbox::open(&path)?;
+    assert_eq!(outbox.receive("commands/credit", &bytes)?, Received::Stored(id));
+    assert_eq!(
+        outbox.receive("commands/credit", &bytes)?,
+        Received::Duplicate(id)
+    );
+    let mut seen = None;
+    let outcome = outbox.apply_next(|_, cmd| {
+        seen = Some((
+            cmd.key.clone(),
+            cmd.source.clone(),
+            cmd.event_type.clone(),
+            cmd.payload_as::<Credit>(),
+        ));
+        Ok::<_, edge_outbox::Error>(())
+    })?;
+    assert_eq!(outcome, ApplyOutcome::Applied { id, published: 0 });
+    let (key, source, event_type, credit) = seen.ok_or("handler not called")?;
+    assert_eq!(
+        (key.as_str(), source.as_str(), event_type.as_deref()),
+        ("account-7", "python-sender", Some("Credit.v2"))
+    );
+    assert_eq!(credit?, expected);
+    Ok(())
+}
