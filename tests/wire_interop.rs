@@ -148,3 +148,44 @@ fn rust_decodes_and_receives_what_python_encodes() -> TestResult {
     assert_eq!(credit?, expected);
     Ok(())
 }
+
+/// The example in docs/wire-format.md is what `Envelope::encode` writes, byte for byte.
+#[test]
+fn the_documented_example_is_exact() -> TestResult {
+    #[derive(Serialize)]
+    struct Placed {
+        order: &'static str,
+        total: u32,
+    }
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/wire-format.md"))?;
+    let after_marker = doc
+        .split_once("<!-- example-hex: checked by tests/wire_interop.rs -->")
+        .ok_or("example marker missing from docs/wire-format.md")?
+        .1;
+    let hex: String = after_marker
+        .lines()
+        .skip_while(|l| !l.starts_with("```"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("```"))
+        .collect();
+    let documented = from_hex(&hex)?;
+
+    let env = Envelope {
+        id: "019b7a3e-5c7b-7c2a-9d4e-0f1a2b3c4d5e".parse()?,
+        source: "pump-17".into(),
+        seq: 42,
+        key: "order-1".into(),
+        created_ms: 1_767_225_600_123,
+        event_type: Some("OrderPlaced.v1".into()),
+        headers: vec![("trace-id".into(), "4bf92f3577b34da6".into())],
+        payload: to_cbor(&Placed {
+            order: "o-1",
+            total: 1250,
+        })?
+        .into(),
+    };
+    assert_eq!(to_hex(&env.encode()), to_hex(&documented));
+    assert_eq!(documented.len(), 139, "the page says 139 bytes");
+    assert_eq!(Envelope::decode(&documented)?, env);
+    Ok(())
+}
