@@ -1,0 +1,31 @@
+//! Test harness shared by the integration tests: `mod support;` from any `tests/*.rs`.
+//!
+//! - [`broker`]: a real MQTT broker on 127.0.0.1 with a port picked at run time (mosquitto when it is
+//!   installed or asked for, in-process rumqttd otherwise; `EDGE_OUTBOX_BROKER` chooses).
+//! - [`proxy`]: a TCP proxy that cuts, stalls, refuses and half-opens connections on command.
+//! - [`subscriber`]: an independent rumqttc client that collects what arrives, and one-shot publishing.
+//! - [`tls`]: a CA, server and client certificates generated at run time with `openssl`.
+//!
+//! Every test binary compiles this module but uses only part of it.
+#![allow(dead_code, unused_imports)]
+
+pub mod broker;
+pub mod proxy;
+pub mod subscriber;
+pub mod tls;
+
+pub use broker::{Broker, BrokerKind, TlsListener};
+pub use proxy::Proxy;
+pub use subscriber::{Message, Subscriber, publish_raw, publish_raw_many};
+pub use tls::Pki;
+
+use std::time::Duration;
+
+/// Default bound for waits in tests: generous, because CI machines are slow, and only ever reached
+/// when something is broken (waits return as soon as their condition holds).
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Prints why a test is skipped, in a form that is easy to grep for in CI logs (`SKIPPED:`).
+pub fn skip(test: &str, reason: &str) {
+    eprintln!("SKIPPED: {test}: {reason}");
+}
