@@ -172,13 +172,9 @@ impl MqttConfig {
     }
 
     /// rumqttc options for one session. `client_id` overrides ours (the command session uses its
-    /// own); `with_will` registers the status topic's last will.
-    pub(crate) fn to_rumqttc(
-        &self,
-        client_id: &str,
-        clean_session: bool,
-        with_will: bool,
-    ) -> Result<MqttOptions> {
+    /// own). The publishing session (`clean_session`) registers the status topic's last will; the
+    /// command session (persistent) acknowledges deliveries itself, after storing them.
+    pub(crate) fn to_rumqttc(&self, client_id: &str, clean_session: bool) -> Result<MqttOptions> {
         // rumqttc asserts on these instead of returning errors: validate first, never panic.
         if client_id.is_empty() {
             return Err(Error::InvalidConfig("MQTT client id is empty".into()));
@@ -207,8 +203,14 @@ impl MqttConfig {
         if let Some(tls) = &self.tls {
             options.set_transport(Transport::tls_with_config(tls.client_config()?));
         }
-        if let (true, Some(topic)) = (with_will, &self.status_topic) {
-            options.set_last_will(LastWill::new(topic.as_str(), "offline", QoS::AtLeastOnce, true));
+        match (clean_session, &self.status_topic) {
+            (true, Some(topic)) => {
+                options.set_last_will(LastWill::new(topic.as_str(), "offline", QoS::AtLeastOnce, true));
+            }
+            (false, _) => {
+                options.set_manual_acks(true);
+            }
+            (true, None) => {}
         }
         Ok(options)
     }
@@ -356,13 +358,13 @@ mod tests {
     #[test]
     fn rumqttc_asserts_become_errors() {
         let c = MqttConfig::new("h", 1).keep_alive(Duration::from_millis(10));
-        assert!(c.to_rumqttc("id", true, false).is_err());
-        assert!(MqttConfig::new("h", 1).to_rumqttc("", false, false).is_err());
+        assert!(c.to_rumqttc("id", true).is_err());
+        assert!(MqttConfig::new("h", 1).to_rumqttc("", false).is_err());
     }
 
     #[test]
     fn garbage_ca_is_an_error_not_a_panic() {
         let c = MqttConfig::new("h", 1).tls(TlsConfig::with_ca_pem("not a pem"));
-        assert!(c.to_rumqttc("id", true, false).is_err());
+        assert!(c.to_rumqttc("id", true).is_err());
     }
 }

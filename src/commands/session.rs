@@ -50,7 +50,6 @@ impl CommandSession {
             match signal {
                 Signal::Event(Event::Incoming(Packet::ConnAck(ack))) => {
                     tracing::info!(session_present = ack.session_present, %filter, "command session connected");
-                    status.set_commands_connected(true);
                     if let Err(e) = client.try_subscribe(filter.as_str(), QoS::AtLeastOnce) {
                         tracing::error!(error = %e, "could not subscribe to commands");
                         return Ok(Flow::Reconnect);
@@ -65,6 +64,9 @@ impl CommandSession {
                         let error = format!("broker refused the command subscription {filter:?}");
                         tracing::error!(%error);
                         status.set_error(error);
+                    } else {
+                        // Ready: connected and subscribed.
+                        status.set_commands_connected(true);
                     }
                 }
                 Signal::Event(Event::Incoming(Packet::Publish(publish))) => {

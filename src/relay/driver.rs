@@ -53,6 +53,7 @@ pub(crate) fn drive(
         };
         match event {
             Ok(event) => {
+                tracing::trace!(?event, "mqtt event");
                 let clean_disconnect = matches!(event, Event::Outgoing(Outgoing::Disconnect));
                 if matches!(event, Event::Incoming(rumqttc::Packet::ConnAck(_))) {
                     backoff.reset();

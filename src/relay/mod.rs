@@ -199,9 +199,9 @@ impl Relay {
     fn spawn(outbox: &Outbox, config: RelayConfig, handler: Option<Handler>) -> Result<Relay> {
         config.validate()?;
         let lock = RelayLock::acquire(outbox.path())?;
-        let publish_options = config.mqtt.to_rumqttc(config.mqtt.id(), true, true)?;
+        let publish_options = config.mqtt.to_rumqttc(config.mqtt.id(), true)?;
         let command_options = match &config.commands {
-            Some(_) => Some(config.mqtt.to_rumqttc(&config.commands_client(), false, false)?),
+            Some(_) => Some(config.mqtt.to_rumqttc(&config.commands_client(), false)?),
             None => None,
         };
         let relay_conn = connect(outbox.path(), outbox.options())?;

@@ -11,7 +11,8 @@ use crate::store::Stats;
 pub struct Status {
     /// The publishing session is connected.
     pub connected: bool,
-    /// The command session is connected (false when no command session is configured).
+    /// The command session is connected and subscribed (false when no command session is
+    /// configured).
     pub commands_connected: bool,
     /// The most recent error of any session, if one happened since start.
     pub last_error: Option<String>,

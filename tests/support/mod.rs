@@ -10,6 +10,8 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod broker;
+pub mod check;
+pub mod device;
 pub mod proxy;
 pub mod subscriber;
 pub mod tls;
