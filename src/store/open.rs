@@ -2,6 +2,7 @@
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode};
 
@@ -21,9 +22,7 @@ pub(crate) fn connect(path: &Path, options: &Options) -> Result<Connection> {
     // writes the header; on an existing file it is a no-op.
     conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
         .map_err(on_open)?;
-    let mode: String = conn
-        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-        .map_err(on_open)?;
+    let mode = switch_to_wal(&conn, options.busy_timeout).map_err(on_open)?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(Error::InvalidConfig(format!(
             "{} cannot use WAL mode (got {mode}); put the database on a local file system",
@@ -37,6 +36,21 @@ pub(crate) fn connect(path: &Path, options: &Options) -> Result<Connection> {
         other => other,
     })?;
     Ok(conn)
+}
+
+/// Sets WAL mode, waiting up to `timeout` for other connections. Switching a new file to WAL
+/// needs an exclusive lock, and SQLite reports contention on it as SQLITE_BUSY at once, without
+/// calling the busy handler: several processes opening a new file together would otherwise fail.
+fn switch_to_wal(conn: &Connection, timeout: Duration) -> rusqlite::Result<String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)) {
+            Err(e) if e.sqlite_error_code() == Some(ErrorCode::DatabaseBusy) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            result => return result,
+        }
+    }
 }
 
 /// Creates the file readable by its owner only, before SQLite does (SQLite gives its WAL and
