@@ -250,8 +250,12 @@ impl Relay {
             let (client, connection) = Client::new(options, 1024);
             let (arrivals_tx, arrivals_rx) = crossbeam_channel::bounded(1);
             relay.command_client = Some(client.clone());
+            let session_conn = connect(outbox.path(), outbox.options())?;
+            // A command is acknowledged once stored; under NORMAL a power cut could then erase it
+            // and the broker would never redeliver it. So this connection always syncs.
+            session_conn.pragma_update(None, "synchronous", "FULL")?;
             let session = CommandSession {
-                conn: connect(outbox.path(), outbox.options())?,
+                conn: session_conn,
                 options: outbox.options().clone(),
                 client,
                 filter: filter.clone(),

@@ -19,7 +19,7 @@ use super::rows::{self, Encoding, Ready, Unpublishable};
 use super::status::StatusCell;
 use super::tracker::Tracker;
 use crate::error::Result;
-use crate::store::Options;
+use crate::store::{Options, Synchronous};
 
 /// What the connection thread sends the publisher.
 pub(crate) enum Msg {
@@ -48,6 +48,8 @@ struct State {
     cursor: i64,
     /// The last read found no more rows; read again only when something may have changed.
     at_end: bool,
+    /// The last read failed; retry at the next idle tick.
+    read_failed: bool,
     /// Acknowledged rows not yet marked in the database.
     acked: Vec<i64>,
     data_version: i64,
@@ -66,6 +68,7 @@ impl Publisher {
             ready: VecDeque::new(),
             cursor: 0,
             at_end: false,
+            read_failed: false,
             acked: Vec::new(),
             data_version: rows::data_version(&self.conn)?,
             stopping: None,
@@ -74,7 +77,7 @@ impl Publisher {
         let mut stop = self.stop.clone();
         loop {
             if s.connected && s.stopping.is_none() {
-                self.fill_window(&mut s)?;
+                self.fill_window(&mut s);
             }
             if !s.acked.is_empty() && (s.acked.len() >= ACK_BATCH || self.events.is_empty()) {
                 self.flush_acks(&mut s);
@@ -160,14 +163,21 @@ impl Publisher {
         }
     }
 
-    fn fill_window(&mut self, s: &mut State) -> Result<()> {
+    fn fill_window(&mut self, s: &mut State) {
         let window = self.config.max_in_flight;
         while s.tracker.in_flight() < window {
             if s.ready.is_empty() {
                 if s.at_end {
                     break;
                 }
-                self.read_ahead(s)?;
+                if let Err(e) = self.read_ahead(s) {
+                    // Transient (busy, I/O): try again at the next idle tick, not in a tight loop.
+                    tracing::warn!(error = %e, "could not read the outbox; retrying");
+                    self.status.set_error(format!("reading the outbox: {e}"));
+                    s.ready.clear();
+                    s.at_end = true;
+                    s.read_failed = true;
+                }
                 continue;
             }
             let Some(row) = s.ready.pop_front() else { break };
@@ -190,7 +200,6 @@ impl Publisher {
                 }
             }
         }
-        Ok(())
     }
 
     fn read_ahead(&mut self, s: &mut State) -> Result<()> {
@@ -201,6 +210,12 @@ impl Publisher {
             max_packet: self.config.mqtt.packet_limit(),
         };
         let read = rows::read_after(&self.conn, &enc, s.cursor, limit, &mut s.ready, &mut bad)?;
+        if read.rows > 0 && self.options.synchronous == Synchronous::Normal {
+            // Under NORMAL a returned commit may still be lost to a power cut. Publishing it
+            // before it is durable could announce an order that the power cut then erases: make
+            // what was read durable first.
+            rows::durability_barrier(&self.conn)?;
+        }
         s.cursor = read.last_seq.unwrap_or(s.cursor);
         s.at_end = read.rows < limit;
         if !bad.is_empty() {
@@ -232,6 +247,9 @@ impl Publisher {
     }
 
     fn on_idle(&mut self, s: &mut State) {
+        if std::mem::take(&mut s.read_failed) {
+            s.at_end = false;
+        }
         match rows::data_version(&self.conn) {
             Ok(v) if v != s.data_version => {
                 s.data_version = v;

@@ -180,6 +180,20 @@ pub(crate) fn dead_letter(conn: &mut Connection, bad: &[Unpublishable]) -> Resul
     Ok(())
 }
 
+/// Makes every commit so far durable: a commit with `synchronous = FULL` syncs the WAL, and with it
+/// every frame written before it, whoever wrote them.
+pub(crate) fn durability_barrier(conn: &Connection) -> Result<()> {
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    let written = conn.execute(
+        "INSERT INTO edge_outbox_meta (name, value) VALUES ('durability_barrier', 1)
+         ON CONFLICT (name) DO UPDATE SET value = value + 1",
+        [],
+    );
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    written?;
+    Ok(())
+}
+
 /// The database's change counter as this connection sees it: it moves when another connection
 /// commits, which is how rows written by other processes are noticed without scanning.
 pub(crate) fn data_version(conn: &Connection) -> Result<i64> {
