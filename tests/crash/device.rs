@@ -1,0 +1,157 @@
+//! The device under test: a realistic workload in a child process that the scenarios kill.
+//!
+//! It commits orders (a business row and its message, several keys), runs a relay with a command
+//! session, and applies commands whose effect is a balance increment (not idempotent on its own,
+//! so a double apply shows). It resumes after a restart from what its database holds, and exits
+//! once every order is committed and published and every expected command is applied.
+
+use std::io::Write;
+use std::time::Duration;
+
+use edge_outbox::{Error, MqttConfig, Options, Outbox, Relay, RelayConfig};
+
+/// How the orchestrator configures a device run (environment variables, so a restart is the same
+/// command line).
+pub struct DeviceEnv;
+
+impl DeviceEnv {
+    pub const DB: &'static str = "CRASH_DEVICE_DB";
+    pub const BROKER: &'static str = "CRASH_DEVICE_BROKER";
+    pub const ORDERS: &'static str = "CRASH_DEVICE_ORDERS";
+    pub const COMMANDS: &'static str = "CRASH_DEVICE_COMMANDS";
+    pub const PACE_US: &'static str = "CRASH_DEVICE_PACE_US";
+    pub const MAX_PAGES: &'static str = "CRASH_DEVICE_MAX_PAGES";
+    pub const KEEP_SENT: &'static str = "CRASH_DEVICE_KEEP_SENT";
+}
+
+pub const COMMAND_FILTER: &str = "device/commands/#";
+pub const KEYS: usize = 5;
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn num(name: &str, default: u64) -> u64 {
+    var(name).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+pub fn order_key(n: i64) -> String {
+    format!("k{}", n % KEYS as i64)
+}
+
+/// Prints a protocol line for the orchestrator and flushes, so it is seen before a kill.
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+pub fn run() -> Result<(), Error> {
+    let db = var(DeviceEnv::DB).ok_or_else(|| Error::InvalidConfig("CRASH_DEVICE_DB unset".into()))?;
+    let broker =
+        var(DeviceEnv::BROKER).ok_or_else(|| Error::InvalidConfig("CRASH_DEVICE_BROKER unset".into()))?;
+    let orders = num(DeviceEnv::ORDERS, 500) as i64;
+    let commands = num(DeviceEnv::COMMANDS, 0) as i64;
+    let pace = Duration::from_micros(num(DeviceEnv::PACE_US, 0));
+
+    let mut options = Options::new();
+    if var(DeviceEnv::KEEP_SENT).is_some() {
+        // Acknowledged rows are kept, so the checker can tell a broker's loss from the device's.
+        options = options.sent_retention(Duration::from_secs(86_400));
+    }
+    let outbox = Outbox::open_with(&db, options)?;
+    outbox.with_connection(|c| {
+        c.execute_batch(
+            "CREATE TABLE IF NOT EXISTS orders (n INTEGER PRIMARY KEY, key TEXT NOT NULL, amount INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS accounts (account TEXT PRIMARY KEY, balance INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS ledger (command_id BLOB NOT NULL, account TEXT NOT NULL, amount INTEGER NOT NULL);",
+        )
+    })?;
+    if let Some(pages) = var(DeviceEnv::MAX_PAGES) {
+        outbox.with_connection(|c| c.pragma_update(None, "max_page_count", pages))?;
+    }
+
+    let (host, port) = broker
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+        .ok_or_else(|| Error::InvalidConfig(format!("bad broker address {broker}")))?;
+    let mqtt = MqttConfig::new(host, port)
+        .client_id("crash-device")
+        .keep_alive(Duration::from_secs(2))
+        .connect_timeout(Duration::from_secs(2));
+    let config = RelayConfig::new(mqtt)
+        .commands(COMMAND_FILTER)
+        .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(300));
+    let relay = Relay::start_with_handler(&outbox, config, |tx, cmd| {
+        let amount: i64 = cmd.payload_as()?;
+        tx.execute("INSERT OR IGNORE INTO accounts VALUES (?1, 0)", [&cmd.key])?;
+        tx.execute(
+            "UPDATE accounts SET balance = balance + ?1 WHERE account = ?2",
+            (amount, &cmd.key),
+        )?;
+        // Half of the effect is written: a crash here must roll all of it back.
+        edge_outbox::failpoint::hit("handler-mid-effect");
+        tx.execute(
+            "INSERT INTO ledger VALUES (?1, ?2, ?3)",
+            (cmd.id.as_bytes().as_slice(), &cmd.key, amount),
+        )?;
+        tx.publish("device/receipts", &cmd.key, &cmd.id.to_string())?;
+        Ok::<_, Error>(())
+    })?;
+
+    let mut announced = false;
+    let next: i64 = outbox
+        .with_connection(|c| c.query_row("SELECT coalesce(max(n), 0) + 1 FROM orders", [], |r| r.get(0)))?;
+    let mut full_reported = false;
+    let mut n = next;
+    while n <= orders {
+        if !announced && relay.status()?.commands_connected {
+            say("ready");
+            announced = true;
+        }
+        let key = order_key(n);
+        let result = outbox.transaction(|tx| {
+            tx.execute("INSERT INTO orders VALUES (?1, ?2, ?3)", (n, &key, n * 10))?;
+            tx.publish(&format!("orders/{key}"), &key, &(n, &key, n * 10))?;
+            Ok::<_, Error>(())
+        });
+        match result {
+            Ok(_) => n += 1,
+            // A full disk or a busy file: nothing was written; wait for space and retry.
+            Err(Error::DiskFull | Error::StorageFull { .. } | Error::Busy) => {
+                if !full_reported {
+                    say("full");
+                    full_reported = true;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+        if !pace.is_zero() {
+            std::thread::sleep(pace);
+        }
+    }
+    // Publish everything and apply every expected command, then stop cleanly.
+    loop {
+        let status = relay.status()?;
+        if !announced && status.commands_connected {
+            say("ready");
+            announced = true;
+        }
+        let applied: i64 = outbox.with_connection(|c| {
+            c.query_row(
+                "SELECT count(*) FROM inbox WHERE applied_at IS NOT NULL",
+                [],
+                |r| r.get(0),
+            )
+        })?;
+        if status.store.pending_messages == 0 && status.store.inbox_unapplied == 0 && applied >= commands {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    relay.shutdown()?;
+    say("done");
+    Ok(())
+}

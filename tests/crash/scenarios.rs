@@ -1,0 +1,176 @@
+//! The scenarios: each injects one kind of failure into a running device and returns the
+//! checker's verdict once the device has been allowed to finish.
+
+use std::os::unix::process::ExitStatusExt;
+use std::time::{Duration, Instant};
+
+use super::checker::Verdict;
+use super::device::DeviceEnv;
+use super::lab::Lab;
+use super::support::{Broker, BrokerKind};
+
+/// A small deterministic generator; the seed is printed so a failing run can be replayed
+/// with `CRASH_SEED`.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn from_env() -> Rng {
+        let seed = std::env::var("CRASH_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+            });
+        println!("crash: seed {seed} (CRASH_SEED={seed} replays it)");
+        Rng(seed | 1)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}
+
+const READY: Duration = Duration::from_secs(30);
+
+/// Arms one failpoint, lets the device crash there, restarts it and checks.
+pub fn failpoint(name: &str, nth: u32) -> Verdict {
+    let mut lab = Lab::new(Broker::start().expect("broker"), false, 400);
+    lab.env.push((DeviceEnv::KEEP_SENT, "1".into()));
+    let mut device = lab.start(Some(&format!("{name}:{nth}")));
+    assert!(
+        device.wait_line("ready", READY),
+        "{name}: device never became ready"
+    );
+    lab.send_commands(6);
+    let status = device.wait_exit(Duration::from_secs(60));
+    assert_eq!(
+        status.signal(),
+        Some(libc_sigabrt()),
+        "{name}:{nth}: the failpoint was not hit ({status:?})"
+    );
+    lab.send_commands(2);
+    lab.finish(&format!("failpoint {name}"), 1)
+}
+
+fn libc_sigabrt() -> i32 {
+    6
+}
+
+/// SIGKILLs the device at random moments under load, `kills` times, restarting it each time.
+pub fn random_kills(kills: usize, rng: &mut Rng) -> Verdict {
+    let mut lab = Lab::new(Broker::start().expect("broker"), false, 1_000_000);
+    lab.env.push((DeviceEnv::KEEP_SENT, "1".into()));
+    let mut device = lab.start(None);
+    assert!(device.wait_line("ready", READY), "device never became ready");
+    device.kill();
+    for k in 0..kills {
+        let device = lab.start(None);
+        // Between 0 and 300 ms: during startup, recovery, connecting, committing, publishing,
+        // marking, storing and applying commands.
+        std::thread::sleep(Duration::from_millis(rng.below(300)));
+        device.kill();
+        if k % 5 == 0 {
+            lab.send_commands(1);
+        }
+    }
+    // Finish a little past what was committed, so the last run also commits.
+    lab.orders = lab.last_order() + 50;
+    lab.finish("random SIGKILL", kills)
+}
+
+/// Cuts, stalls, half-opens and refuses the device's connections while it runs.
+pub fn proxy_chaos(rng: &mut Rng) -> Verdict {
+    let mut lab = Lab::new(Broker::start().expect("broker"), true, 3000);
+    lab.env.push((DeviceEnv::KEEP_SENT, "1".into()));
+    lab.env.push((DeviceEnv::PACE_US, "1000".into()));
+    let mut device = lab.start(None);
+    assert!(device.wait_line("ready", READY), "device never became ready");
+    let proxy = lab.proxy.take().expect("proxy");
+    let mut faults = 0;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(12) {
+        match rng.below(4) {
+            0 => proxy.cut(),
+            1 => {
+                proxy.stall();
+                std::thread::sleep(Duration::from_millis(100 + rng.below(400)));
+                proxy.resume();
+            }
+            2 => {
+                // The client only learns of a half-open link through its keep-alive (2 s here).
+                proxy.half_open();
+                std::thread::sleep(Duration::from_millis(500));
+                proxy.cut();
+            }
+            _ => {
+                proxy.refuse(true);
+                proxy.cut();
+                std::thread::sleep(Duration::from_millis(100 + rng.below(400)));
+                proxy.refuse(false);
+            }
+        }
+        faults += 1;
+        lab.send_commands(1);
+        std::thread::sleep(Duration::from_millis(100 + rng.below(300)));
+    }
+    device.kill();
+    lab.proxy = Some(proxy);
+    lab.finish("proxy cut/stall/half-open/refuse", faults)
+}
+
+/// Kills mosquitto with SIGKILL mid-run and restarts it, several times.
+pub fn broker_kills(rng: &mut Rng) -> Option<Verdict> {
+    let broker = Broker::builder().persistence(true).start().expect("broker");
+    if broker.kind() != BrokerKind::Mosquitto {
+        println!("SKIPPED: crash broker_kills: needs mosquitto (run with EDGE_OUTBOX_BROKER=mosquitto)");
+        return None;
+    }
+    let mut lab = Lab::new(broker, false, 2500);
+    lab.env.push((DeviceEnv::KEEP_SENT, "1".into()));
+    lab.env.push((DeviceEnv::PACE_US, "1000".into()));
+    let mut device = lab.start(None);
+    assert!(device.wait_line("ready", READY), "device never became ready");
+    lab.send_commands(3);
+    let mut faults = 0;
+    for _ in 0..3 {
+        std::thread::sleep(Duration::from_millis(300 + rng.below(700)));
+        lab.broker.kill().expect("kill mosquitto");
+        std::thread::sleep(Duration::from_millis(200 + rng.below(500)));
+        lab.broker.restart().expect("restart mosquitto");
+        faults += 1;
+    }
+    assert!(
+        lab.sub.wait_connected(faults as u64 + 1, super::support::WAIT),
+        "consumer reconnected"
+    );
+    lab.send_commands(3);
+    device.kill();
+    Some(lab.finish("mosquitto SIGKILL + restart", faults))
+}
+
+/// Fills the device's disk while the broker is unreachable; the drain frees it again.
+pub fn disk_full() -> Verdict {
+    // 60 pages of 4 KiB hold the schema and about 1,500 orders with their messages.
+    let mut lab = Lab::new(Broker::start().expect("broker"), true, 2500);
+    lab.env.push((DeviceEnv::MAX_PAGES, "60".into()));
+    let proxy = lab.proxy.as_ref().expect("proxy");
+    proxy.refuse(true);
+    let mut device = lab.start(None);
+    assert!(
+        device.wait_line("full", Duration::from_secs(60)),
+        "the disk never filled"
+    );
+    lab.proxy.as_ref().expect("proxy").refuse(false);
+    assert!(
+        device.wait_line("done", Duration::from_secs(120)),
+        "the run did not complete after space was freed"
+    );
+    let status = device.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "device exit {status:?}");
+    lab.finish("disk full, then drained", 1)
+}
