@@ -14,6 +14,11 @@ use serde::de::DeserializeOwned;
 use crate::cbor::{self, Reader};
 use crate::error::{Error, Result};
 
+/// The UUID namespace of [`MessageId::from_key`]: `6f1d3b1e-2c4a-5e0b-9d7f-0e6d9b6c4a21`.
+pub const ID_NAMESPACE: [u8; 16] = [
+    0x6f, 0x1d, 0x3b, 0x1e, 0x2c, 0x4a, 0x5e, 0x0b, 0x9d, 0x7f, 0x0e, 0x6d, 0x9b, 0x6c, 0x4a, 0x21,
+];
+
 /// The envelope version this build writes. Decoders refuse versions they do not know.
 pub const ENVELOPE_VERSION: u64 = 1;
 
@@ -27,6 +32,13 @@ impl MessageId {
     /// later and index cheaply.
     pub fn new_v7() -> Self {
         MessageId(uuid::Uuid::now_v7().into_bytes())
+    }
+
+    /// A stable id derived from a caller's idempotency key (e.g. a request id a client resends):
+    /// the same `key` always gives the same id. It is the UUIDv5 of `key` in the edge-outbox
+    /// namespace ([`ID_NAMESPACE`]), so any UUID library can compute it too.
+    pub fn from_key(key: &str) -> Self {
+        MessageId(uuid::Uuid::new_v5(&uuid::Uuid::from_bytes(ID_NAMESPACE), key.as_bytes()).into_bytes())
     }
 
     /// The id from its 16 bytes.
@@ -367,6 +379,19 @@ mod tests {
         let id = MessageId::new_v7();
         assert_eq!(id.to_string().parse::<MessageId>().expect("parse"), id);
         assert!("nope".parse::<MessageId>().is_err());
+    }
+
+    #[test]
+    fn ids_from_keys_are_stable_distinct_and_never_v7() {
+        let a = MessageId::from_key("request-42");
+        assert_eq!(a, MessageId::from_key("request-42"));
+        assert_ne!(a, MessageId::from_key("request-43"));
+        assert_eq!(a.as_bytes()[6] >> 4, 5);
+        // Python: uuid.uuid5(uuid.UUID('6f1d3b1e-2c4a-5e0b-9d7f-0e6d9b6c4a21'), 'client-request-7')
+        assert_eq!(
+            MessageId::from_key("client-request-7").to_string(),
+            "76613c86-85c4-5b49-843c-da74a70c4845"
+        );
     }
 
     #[test]

@@ -158,3 +158,31 @@ fn seq_follows_commit_order_across_clones_and_handles() -> TestResult {
     assert_eq!(by_value.len(), 200);
     check_commit_order(&path, &by_value)
 }
+
+#[test]
+fn a_retried_operation_keeps_its_id_when_derived_from_the_client_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let outbox = edge_outbox::Outbox::open(dir.path().join("t.db")).expect("open");
+    let id = edge_outbox::MessageId::from_key("client-request-7");
+    let publish = || {
+        outbox.transaction(|tx| {
+            let msg = edge_outbox::Message::new("orders", "o-7", &7)?.with_id(id);
+            tx.send(&msg)
+        })
+    };
+    // The first attempt's commit is lost to the client (say, a timeout); it retries.
+    assert_eq!(publish().expect("first").value, id);
+    assert_eq!(publish().expect("retry").value, id);
+    let ids: Vec<Vec<u8>> = outbox.with_connection(|c| {
+        let mut s = c.prepare("SELECT id FROM outbox").expect("prepare");
+        s.query_map([], |r| r.get(0))
+            .expect("query")
+            .collect::<Result<_, _>>()
+            .expect("rows")
+    });
+    assert_eq!(
+        ids,
+        vec![id.as_bytes().to_vec(); 2],
+        "both rows carry the same id: consumers dedupe them"
+    );
+}

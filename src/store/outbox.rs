@@ -52,6 +52,7 @@ impl<'c> Tx<'c> {
             event_type: None,
             headers: None,
             evictable: false,
+            id: None,
         };
         self.push(insert(&self.tx, self.limits, &row)?)
     }
@@ -102,6 +103,7 @@ pub struct Message {
     event_type: Option<String>,
     headers: Vec<(String, String)>,
     evictable: bool,
+    id: Option<MessageId>,
 }
 
 impl Message {
@@ -128,6 +130,7 @@ impl Message {
             event_type: None,
             headers: Vec::new(),
             evictable: false,
+            id: None,
         }
     }
 
@@ -151,6 +154,14 @@ impl Message {
     /// for anything that drives state elsewhere (default off).
     pub fn evictable(mut self, evictable: bool) -> Self {
         self.evictable = evictable;
+        self
+    }
+
+    /// Uses `id` instead of minting a new one. For an operation the caller may retry as a new
+    /// transaction (a client resubmitting a request), derive the id from the client's idempotency
+    /// key: an id minted per attempt would make each retry a different message downstream.
+    pub fn with_id(mut self, id: MessageId) -> Self {
+        self.id = Some(id);
         self
     }
 
@@ -189,6 +200,7 @@ pub fn enqueue(tx: &Transaction<'_>, limits: &Limits, message: &Message) -> Resu
         event_type: message.event_type.as_deref(),
         headers: headers.as_deref(),
         evictable: message.evictable,
+        id: message.id,
     };
     insert(tx, limits, &row)
 }
@@ -200,6 +212,7 @@ struct Row<'a> {
     event_type: Option<&'a str>,
     headers: Option<&'a [u8]>,
     evictable: bool,
+    id: Option<MessageId>,
 }
 
 fn insert(tx: &Transaction<'_>, limits: &Limits, row: &Row<'_>) -> Result<MessageId> {
@@ -215,7 +228,7 @@ fn insert(tx: &Transaction<'_>, limits: &Limits, row: &Row<'_>) -> Result<Messag
     if limits.is_bounded() {
         make_room(tx, limits, row.payload.len() as u64)?;
     }
-    let id = MessageId::new_v7();
+    let id = row.id.unwrap_or_else(MessageId::new_v7);
     tx.prepare_cached(
         "INSERT INTO outbox (id, topic, key, payload, event_type, headers, evictable, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
