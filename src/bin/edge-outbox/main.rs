@@ -1,0 +1,111 @@
+//! `edge-outbox`: inspect a store and run the relay as a standalone process.
+//!
+//! One module per command; this file holds the command line and maps every failure to a
+//! documented exit code (see `exit.rs` and `docs/operations.md`).
+
+#![forbid(unsafe_code)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+mod db;
+mod dead_letters;
+mod decode;
+mod exit;
+mod inbox;
+mod logging;
+mod output;
+mod pending;
+mod relay;
+mod relay_probe;
+mod status;
+mod status_file;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::exit::CliError;
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success (the relay: stopped cleanly on SIGINT or SIGTERM)
+  1  runtime error (I/O, a relay thread failed, an unexpected database error)
+  2  usage error (bad arguments, a bad broker URL, unreadable TLS or password files)
+  3  database error (no such file, not an SQLite or edge-outbox database, locked, read-only,
+     schema too new)
+  4  another relay is already running on this database
+  5  the dead letter named does not exist
+
+Errors are one line on stderr. See docs/operations.md.";
+
+/// Inspect an edge-outbox store and run its relay.
+///
+/// Reading commands (status, pending, inbox, dead-letters list) open the database read-only and
+/// never create it; they work while another process writes.
+#[derive(Debug, Parser)]
+#[command(name = "edge-outbox", version, after_help = EXIT_CODES)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options every command takes.
+#[derive(Debug, Clone, Args)]
+pub struct Global {
+    /// The database file [default: the data directory of --app, e.g.
+    /// ~/.local/share/edge-outbox/outbox.db]
+    #[arg(long, global = true, value_name = "PATH", conflicts_with = "app")]
+    pub db: Option<PathBuf>,
+    /// Use the default database of this application name (as `edge_outbox::default_path`).
+    #[arg(long, global = true, value_name = "NAME", default_value = "edge-outbox")]
+    pub app: String,
+    /// Print one JSON document on stdout instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// How long to wait for another connection's write lock, in milliseconds.
+    #[arg(long, global = true, value_name = "MS", default_value_t = 5000)]
+    pub busy_timeout: u64,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Pending messages, oldest age, dead letters, evictions, inbox, sizes, and the relay.
+    Status,
+    /// Messages waiting to be published, oldest first, payloads decoded to JSON.
+    Pending(pending::PendingArgs),
+    /// Commands received, oldest first (unapplied only unless --all), payloads decoded to JSON.
+    Inbox(inbox::InboxArgs),
+    /// Messages and commands set aside for an operator.
+    #[command(subcommand)]
+    DeadLetters(dead_letters::DeadLettersCommand),
+    /// Publish the outbox (and receive commands) until SIGINT or SIGTERM.
+    Relay(Box<relay::RelayArgs>),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Help and version go to stdout with 0; usage errors to stderr with 2.
+        Err(e) => e.exit(),
+    };
+    if !matches!(cli.command, Command::Relay(_)) {
+        // The library logs little below warn; the relay sets its own level.
+        logging::init(tracing::level_filters::LevelFilter::WARN);
+    }
+    let result = match cli.command {
+        Command::Status => status::run(&cli.global),
+        Command::Pending(args) => pending::run(&cli.global, &args),
+        Command::Inbox(args) => inbox::run(&cli.global, &args),
+        Command::DeadLetters(command) => dead_letters::run(&cli.global, &command),
+        Command::Relay(args) => relay::run(&cli.global, &args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => e.report(),
+    }
+}
+
+/// Shorthand for command results.
+pub type Result<T, E = CliError> = std::result::Result<T, E>;

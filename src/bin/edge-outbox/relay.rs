@@ -1,0 +1,358 @@
+//! `edge-outbox relay`: the relay (and command session) as a standalone process, for
+//! applications that write through the SQL contract. Runs until SIGINT or SIGTERM, then stops
+//! cleanly: in-flight messages get up to `--shutdown-timeout` for their PUBACK, and whatever is
+//! not acknowledged stays in the outbox for the next start.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use crossbeam_channel::RecvTimeoutError;
+use edge_outbox::{MqttConfig, Relay, RelayConfig, Status, TlsConfig};
+use serde_json::json;
+use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
+use tracing::level_filters::LevelFilter;
+
+use crate::exit::CliError;
+use crate::output::{self, bytes, duration, now_ms};
+use crate::status_file::{self, RelayReport};
+use crate::{Global, Result, db, logging};
+
+/// How often the live status line is redrawn on a terminal.
+const LIVE_TICK: Duration = Duration::from_millis(250);
+/// How often a summary is logged when stderr is not a terminal.
+const LOG_EVERY: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+The database is created if it does not exist (other commands never create it). Other processes \
+write to it through the SQL contract (docs/schema.md) and the relay notices their commits \
+within the poll interval.
+
+While it runs, the relay rewrites <db>.relay-status.json every second; `edge-outbox status` \
+shows it. A second SIGINT or SIGTERM while stopping exits at once (code 1); messages not yet \
+acknowledged stay pending and are published again on the next start.
+
+Exit codes: 0 stopped on a signal, 1 runtime error, 2 usage error (bad URL, TLS or password \
+file), 3 database error, 4 another relay runs on this database.")]
+pub struct RelayArgs {
+    /// mqtt://HOST[:PORT] (plain TCP, default port 1883) or mqtts://HOST[:PORT] (TLS, default
+    /// port 8883, the system's CAs unless --ca).
+    #[arg(long, value_name = "URL")]
+    pub broker: String,
+    /// MQTT client id of the publishing session: one per device.
+    #[arg(long, value_name = "ID")]
+    pub client_id: String,
+    /// Receive commands on this topic filter into the inbox (a second, persistent session).
+    #[arg(long, value_name = "FILTER")]
+    pub commands: Option<String>,
+    /// Client id of the command session [default: <client-id>-commands].
+    #[arg(long, value_name = "ID", requires = "commands")]
+    pub commands_client_id: Option<String>,
+    /// Trust the CA certificates in this PEM file instead of the system's (mqtts only).
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// Client certificate chain (PEM) for mutual TLS (mqtts only; with --key).
+    #[arg(long, value_name = "FILE", requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// Client private key (PEM) for mutual TLS (with --cert).
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    pub key: Option<PathBuf>,
+    /// MQTT username.
+    #[arg(long, value_name = "USER")]
+    pub username: Option<String>,
+    /// Read the password from this file (a trailing newline is ignored); never pass it as an
+    /// argument, where other users see it.
+    #[arg(long, value_name = "FILE", requires = "username")]
+    pub password_file: Option<PathBuf>,
+    /// Publish `online` (retained) here on connect, with `offline` as the last will.
+    #[arg(long, value_name = "TOPIC")]
+    pub status_topic: Option<String>,
+    /// Most messages published and not yet acknowledged.
+    #[arg(long, value_name = "N", default_value_t = 100,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_in_flight: u16,
+    /// Seconds to wait for in-flight acknowledgements when stopping.
+    #[arg(long, value_name = "SECS", default_value_t = 5)]
+    pub shutdown_timeout: u64,
+}
+
+pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
+    // Every argument is checked before anything is opened or created.
+    let config = config(args)?;
+    logging::init(LevelFilter::INFO);
+    let path = db::path_creating_dir(global)?;
+    let existed = path.exists();
+    let outbox = db::open_outbox(global, &path)?;
+    if !existed {
+        tracing::warn!(target: "edge_outbox::cli", path = %path.display(), "there was no database: created a new one");
+    }
+    // Before the relay starts, so a signal from now on stops it cleanly.
+    let stopping = Arc::new(AtomicBool::new(false));
+    let installing = |e: std::io::Error| CliError::runtime(format!("installing signal handlers: {e}"));
+    for signal in [SIGINT, SIGTERM] {
+        // Exits at once on a second signal, once the first has set `stopping`. Registered
+        // before the iterator: a handler's actions run in registration order, so the first
+        // signal checks the flag before the thread that sets it can wake up.
+        signal_hook::flag::register_conditional_shutdown(signal, 1, stopping.clone()).map_err(installing)?;
+    }
+    let signals = Signals::new([SIGINT, SIGTERM]).map_err(installing)?;
+    let relay = Relay::start(&outbox, config.clone())?;
+    let report = Report::new(&config, args.commands.clone());
+    let signal = Watch {
+        path: &path,
+        report,
+        tty: std::io::stderr().is_terminal(),
+    }
+    .until_signal(&relay, signals, &stopping)?;
+
+    let name = signal_name(signal);
+    tracing::info!(target: "edge_outbox::cli", signal = name, "stopping");
+    let at_signal = relay.status().ok();
+    let result = relay.shutdown();
+    status_file::remove(&path);
+    logging::clear_line();
+    result.map_err(|e| CliError::runtime(format!("the relay stopped with an error: {e}")))?;
+    let pending = outbox.stats().map(|s| s.pending_messages).ok();
+    summarize(global, name, at_signal.as_ref(), pending)
+}
+
+/// Broker settings from the arguments; every problem is a usage error (exit 2).
+fn config(args: &RelayArgs) -> Result<RelayConfig> {
+    let mut mqtt = MqttConfig::from_url(&args.broker)?;
+    if args.client_id.is_empty() {
+        return Err(CliError::usage("--client-id must not be empty"));
+    }
+    mqtt = mqtt.client_id(&args.client_id);
+    if args.ca.is_some() || args.cert.is_some() {
+        if !mqtt.uses_tls() {
+            return Err(CliError::usage(format!(
+                "--ca, --cert and --key need an mqtts:// broker URL, not {:?}",
+                args.broker
+            )));
+        }
+        let tls = match &args.ca {
+            Some(ca) => TlsConfig::with_ca_file(ca).map_err(usage)?,
+            None => TlsConfig::system_roots(),
+        };
+        let tls = match (&args.cert, &args.key) {
+            (Some(cert), Some(key)) => tls.client_auth_files(cert, key).map_err(usage)?,
+            _ => tls,
+        };
+        mqtt = mqtt.tls(tls);
+    }
+    if let Some(user) = &args.username {
+        let password = match &args.password_file {
+            Some(file) => read_password(file)?,
+            None => String::new(),
+        };
+        mqtt = mqtt.credentials(user, password);
+    }
+    if let Some(topic) = &args.status_topic {
+        mqtt = mqtt.status_topic(topic);
+    }
+    let mut config = RelayConfig::new(mqtt)
+        .max_in_flight(args.max_in_flight.into())
+        .shutdown_timeout(Duration::from_secs(args.shutdown_timeout));
+    if let Some(filter) = &args.commands {
+        config = config.commands(filter);
+    }
+    if let Some(id) = &args.commands_client_id {
+        config = config.commands_client_id(id);
+    }
+    Ok(config)
+}
+
+fn usage(e: edge_outbox::Error) -> CliError {
+    CliError::usage(e.to_string())
+}
+
+fn read_password(file: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| CliError::usage(format!("reading password file {}: {e}", file.display())))?;
+    let line = text.strip_suffix('\n').unwrap_or(&text);
+    Ok(line.strip_suffix('\r').unwrap_or(line).to_owned())
+}
+
+/// What the status file says besides the counters.
+struct Report {
+    pid: u32,
+    started_at_ms: i64,
+    broker: String,
+    client_id: String,
+    commands: Option<String>,
+}
+
+impl Report {
+    fn new(config: &RelayConfig, commands: Option<String>) -> Self {
+        let mqtt = config.mqtt();
+        Report {
+            pid: std::process::id(),
+            started_at_ms: now_ms(),
+            broker: format!("{}:{}", mqtt.host(), mqtt.port()),
+            client_id: mqtt.id().to_owned(),
+            commands,
+        }
+    }
+
+    fn with(&self, s: &Status) -> RelayReport {
+        RelayReport {
+            format: status_file::FORMAT,
+            pid: self.pid,
+            written_at_ms: now_ms(),
+            started_at_ms: self.started_at_ms,
+            broker: self.broker.clone(),
+            client_id: self.client_id.clone(),
+            commands: self.commands.clone(),
+            connected: s.connected,
+            commands_connected: s.commands_connected,
+            in_flight: s.in_flight,
+            published: s.published,
+            acknowledged: s.acknowledged,
+            dead_lettered: s.dead_lettered,
+            connections: s.connections,
+            commands_received: s.commands_received,
+            commands_duplicate: s.commands_duplicate,
+            last_error: s.last_error.clone(),
+        }
+    }
+}
+
+/// The running relay's outputs: the status file, and the live line or periodic log lines.
+struct Watch<'a> {
+    path: &'a Path,
+    report: Report,
+    tty: bool,
+}
+
+impl Watch<'_> {
+    /// Reports until a signal arrives; returns it.
+    fn until_signal(self, relay: &Relay, signals: Signals, stopping: &Arc<AtomicBool>) -> Result<i32> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let handle = signals.handle();
+        let stopping_flag = stopping.clone();
+        let waiter = thread::Builder::new()
+            .name("edge-outbox-signals".into())
+            .spawn(move || {
+                let mut signals = signals;
+                if let Some(signal) = signals.forever().next() {
+                    stopping_flag.store(true, Ordering::SeqCst);
+                    let _ = tx.send(signal);
+                }
+            })
+            .map_err(|e| CliError::runtime(format!("spawning the signal thread: {e}")))?;
+        let tick = if self.tty {
+            LIVE_TICK
+        } else {
+            status_file::INTERVAL
+        };
+        let mut last_file: Option<Instant> = None;
+        let mut last_log = Instant::now();
+        let mut file_failed = false;
+        let signal = loop {
+            if let Ok(s) = relay.status() {
+                if last_file.is_none_or(|t| t.elapsed() >= status_file::INTERVAL) {
+                    last_file = Some(Instant::now());
+                    match status_file::write(self.path, &self.report.with(&s)) {
+                        Ok(()) => file_failed = false,
+                        Err(e) if !file_failed => {
+                            file_failed = true;
+                            tracing::warn!(target: "edge_outbox::cli", error = %e, "cannot write the relay status file");
+                        }
+                        Err(_) => {}
+                    }
+                }
+                if self.tty {
+                    logging::show_line(&live_line(&self.report, &s));
+                } else if last_log.elapsed() >= LOG_EVERY {
+                    last_log = Instant::now();
+                    log_summary(&s);
+                }
+            }
+            match rx.recv_timeout(tick) {
+                Ok(signal) => break signal,
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break SIGTERM,
+            }
+        };
+        handle.close();
+        let _ = waiter.join();
+        Ok(signal)
+    }
+}
+
+fn live_line(report: &Report, s: &Status) -> String {
+    let link = if s.connected {
+        format!("connected to {}", report.broker)
+    } else {
+        format!("connecting to {}", report.broker)
+    };
+    let oldest = s
+        .store
+        .oldest_pending_age
+        .map_or(String::new(), |a| format!(", oldest {}", duration(a)));
+    let mut line = format!(
+        "{link} | pending {} ({}{oldest}) | in flight {} | published {} acked {} | dead {}",
+        s.store.pending_messages,
+        bytes(s.store.pending_bytes),
+        s.in_flight,
+        s.published,
+        s.acknowledged,
+        s.store.dead_letters
+    );
+    if let (false, Some(error)) = (s.connected, &s.last_error) {
+        line.push_str(&format!(" | {error}"));
+    }
+    // Longer than the terminal, it would wrap and the next redraw could not erase it.
+    line.chars().take(110).collect()
+}
+
+fn log_summary(s: &Status) {
+    tracing::info!(
+        target: "edge_outbox::cli",
+        connected = s.connected,
+        pending = s.store.pending_messages,
+        oldest_pending_ms = s.store.oldest_pending_age.map(|a| a.as_millis() as u64),
+        in_flight = s.in_flight,
+        published = s.published,
+        acknowledged = s.acknowledged,
+        dead_letters = s.store.dead_letters,
+        commands_received = s.commands_received,
+        last_error = s.last_error.as_deref().filter(|_| !s.connected),
+        "relay status"
+    );
+}
+
+fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        SIGINT => "SIGINT",
+        _ => "SIGTERM",
+    }
+}
+
+/// The last word: what was done, and what is left for next time.
+fn summarize(global: &Global, signal: &str, s: Option<&Status>, pending: Option<u64>) -> Result<()> {
+    let (published, acknowledged) = s.map_or((0, 0), |s| (s.published, s.acknowledged));
+    if global.json {
+        return output::print_json(&json!({
+            "stopped_by": signal,
+            "published": published,
+            "acknowledged": acknowledged,
+            "pending": pending,
+        }));
+    }
+    let left = pending.map_or(String::new(), |n| {
+        format!("; {n} pending (published on the next start)")
+    });
+    // Always said, whatever RUST_LOG: it is the answer to "did it stop cleanly?".
+    let _ = writeln!(
+        std::io::stderr(),
+        "edge-outbox: stopped on {signal}: {published} published, {acknowledged} acknowledged{left}"
+    );
+    Ok(())
+}

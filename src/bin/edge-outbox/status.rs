@@ -1,0 +1,229 @@
+//! `edge-outbox status`: the store's counters, sizes, and whether a relay is running.
+
+use std::path::Path;
+use std::time::Duration;
+
+use edge_outbox::SCHEMA_VERSION;
+use rusqlite::{Connection, OptionalExtension};
+use serde_json::json;
+
+use crate::db::{self, sqlite_error};
+use crate::output::{self, age_ms, bytes, count, duration};
+use crate::relay_probe::{self, Probe};
+use crate::status_file::{self, RelayReport};
+use crate::{Global, Result};
+
+/// What `Outbox::stats` reports, read over the read-only connection (same SQL, same schema).
+struct Counters {
+    schema_version: i64,
+    pending_messages: u64,
+    pending_bytes: u64,
+    oldest_pending_ms: Option<u64>,
+    evicted: u64,
+    evicted_bytes: u64,
+    dead_letters: u64,
+    inbox_unapplied: u64,
+    inbox_applied: u64,
+}
+
+pub fn run(global: &Global) -> Result<()> {
+    let path = db::path(global)?;
+    let conn = db::open_read(global, &path)?;
+    let counters = read(&conn).map_err(|e| sqlite_error(&path, e))?;
+    drop(conn);
+    let relay = Relay::find(&path);
+    let sizes = (db::file_size(&path), db::file_size(&db::sibling(&path, "-wal")));
+    if global.json {
+        output::print_json(&to_json(&path, &counters, sizes, &relay))
+    } else {
+        output::print(&to_text(&path, &counters, sizes, &relay))
+    }
+}
+
+/// One read transaction, so the numbers belong to one snapshot.
+fn read(conn: &Connection) -> rusqlite::Result<Counters> {
+    let tx = conn.unchecked_transaction()?;
+    let (pending_messages, pending_bytes, evicted, evicted_bytes) = tx.query_row(
+        "SELECT pending_count, pending_bytes, evicted, evicted_bytes FROM outbox_counters",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    )?;
+    let oldest: Option<i64> = tx
+        .query_row("SELECT created_at FROM outbox ORDER BY seq LIMIT 1", [], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    let count = |sql: &str| tx.query_row(sql, [], |r| r.get::<_, u64>(0));
+    let counters = Counters {
+        schema_version: db::schema_version(&tx)?,
+        pending_messages,
+        pending_bytes,
+        oldest_pending_ms: oldest.map(age_ms),
+        evicted,
+        evicted_bytes,
+        dead_letters: count("SELECT count(*) FROM dead_letters")?,
+        inbox_unapplied: count("SELECT count(*) FROM inbox WHERE applied_at IS NULL AND dead_at IS NULL")?,
+        inbox_applied: count("SELECT count(*) FROM inbox WHERE applied_at IS NOT NULL")?,
+    };
+    tx.finish()?;
+    Ok(counters)
+}
+
+/// The relay as other processes can see it: the lock, and the status file if it is current.
+struct Relay {
+    probe: Probe,
+    report: Option<RelayReport>,
+    report_age_ms: u64,
+}
+
+impl Relay {
+    fn find(path: &Path) -> Relay {
+        let probe = relay_probe::probe(path);
+        let report = status_file::read(path);
+        let report_age_ms = report.as_ref().map_or(0, |r| age_ms(r.written_at_ms));
+        Relay {
+            probe,
+            report,
+            report_age_ms,
+        }
+    }
+
+    /// The status file, if it describes the relay running now.
+    fn current(&self) -> Option<&RelayReport> {
+        let fresh = self.report_age_ms <= status_file::FRESH.as_millis() as u64;
+        let holder_matches = match &self.probe {
+            Probe::Running { pid: Some(pid) } => self.report.as_ref().is_some_and(|r| r.pid == *pid),
+            Probe::Running { pid: None } | Probe::Unknown(_) => true,
+            Probe::NotRunning => false,
+        };
+        self.report.as_ref().filter(|_| fresh && holder_matches)
+    }
+
+    fn running(&self) -> Option<bool> {
+        match self.probe {
+            Probe::NotRunning => Some(false),
+            Probe::Running { .. } => Some(true),
+            Probe::Unknown(_) => self.current().map(|_| true),
+        }
+    }
+}
+
+fn to_json(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) -> serde_json::Value {
+    let pid = match &relay.probe {
+        Probe::Running { pid } => *pid,
+        _ => None,
+    };
+    json!({
+        "db": path.display().to_string(),
+        "schema_version": c.schema_version,
+        "supported_schema_version": SCHEMA_VERSION,
+        "file_bytes": file,
+        "wal_bytes": wal,
+        "pending": {
+            "messages": c.pending_messages,
+            "bytes": c.pending_bytes,
+            "oldest_age_ms": c.oldest_pending_ms,
+        },
+        "evicted": { "messages": c.evicted, "bytes": c.evicted_bytes },
+        "dead_letters": c.dead_letters,
+        "inbox": { "unapplied": c.inbox_unapplied, "applied": c.inbox_applied },
+        "relay": {
+            "running": relay.running(),
+            "pid": pid,
+            "probe_error": match &relay.probe { Probe::Unknown(why) => Some(why), _ => None },
+            "status": relay.current(),
+            "status_age_ms": relay.current().map(|_| relay.report_age_ms),
+        },
+    })
+}
+
+fn to_text(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) -> String {
+    let mut lines = vec![
+        format!(
+            "database      {} (schema {}; this build supports {SCHEMA_VERSION})",
+            path.display(),
+            c.schema_version
+        ),
+        format!("size          {} file, {} WAL", bytes(file), bytes(wal)),
+        format!(
+            "pending       {}, {}{}",
+            count(c.pending_messages, "message"),
+            bytes(c.pending_bytes),
+            c.oldest_pending_ms.map_or(String::new(), |ms| format!(
+                ", the oldest waiting for {}",
+                duration(Duration::from_millis(ms))
+            ))
+        ),
+        format!(
+            "evicted       {}, {}",
+            count(c.evicted, "message"),
+            bytes(c.evicted_bytes)
+        ),
+        format!("dead letters  {}", c.dead_letters),
+        format!(
+            "inbox         {} unapplied, {} applied (ids kept for deduplication)",
+            c.inbox_unapplied, c.inbox_applied
+        ),
+    ];
+    lines.extend(relay_lines(relay));
+    let mut text = lines.join("\n");
+    text.push('\n');
+    text
+}
+
+fn relay_lines(relay: &Relay) -> Vec<String> {
+    let head = match &relay.probe {
+        Probe::NotRunning => "relay         not running".to_owned(),
+        Probe::Running { pid: Some(pid) } => format!("relay         running (pid {pid})"),
+        Probe::Running { pid: None } => "relay         running".to_owned(),
+        Probe::Unknown(why) => format!("relay         unknown ({why})"),
+    };
+    let Some(r) = relay.current() else {
+        let note = match (&relay.probe, &relay.report) {
+            (Probe::Running { .. }, None) => {
+                "              no status file: counters are only known inside that process"
+            }
+            (Probe::Running { .. }, Some(_)) => {
+                "              its status file is stale or from another process: is it hung?"
+            }
+            _ => return vec![head],
+        };
+        return vec![head, note.to_owned()];
+    };
+    let connection = if r.connected {
+        format!("connected to {} as {}", r.broker, r.client_id)
+    } else {
+        format!("not connected to {} (client {})", r.broker, r.client_id)
+    };
+    let mut lines = vec![
+        format!("{head}, {connection}"),
+        format!(
+            "              since start: {} in flight, {} published, {} acknowledged, {} dead-lettered, {}",
+            r.in_flight,
+            r.published,
+            r.acknowledged,
+            r.dead_lettered,
+            count(r.connections, "connection")
+        ),
+    ];
+    if let Some(filter) = &r.commands {
+        lines.push(format!(
+            "              commands on {filter}: {}, {} received, {} duplicates",
+            if r.commands_connected {
+                "subscribed"
+            } else {
+                "not connected"
+            },
+            r.commands_received,
+            r.commands_duplicate
+        ));
+    }
+    if let Some(e) = &r.last_error {
+        lines.push(format!("              last error: {e}"));
+    }
+    lines.push(format!(
+        "              (relay status file written {} ago)",
+        duration(Duration::from_millis(relay.report_age_ms))
+    ));
+    lines
+}

@@ -1,0 +1,699 @@
+//! The `edge-outbox` binary end to end: each command run as a real process against a real store
+//! (and, for the relay, a real broker), with its output and exit code checked, errors included.
+#![cfg(feature = "cli")]
+
+mod support;
+
+use std::borrow::Cow;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use edge_outbox::{ApplyOutcome, Envelope, MessageId, Outbox, Received};
+use serde_json::Value;
+use support::subscriber::QoS;
+use support::{Broker, Subscriber, WAIT};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const BIN: &str = env!("CARGO_BIN_EXE_edge-outbox");
+
+/// One finished run of the binary.
+#[derive(Debug)]
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Result<Value, Box<dyn std::error::Error>> {
+        serde_json::from_str(&self.stdout)
+            .map_err(|e| format!("{e} in stdout: {}\n{}", self.stdout, self.stderr).into())
+    }
+
+    /// Asserts the exit code and that stderr is one line saying `needle`.
+    fn fails_with(&self, code: i32, needle: &str) {
+        assert_eq!(self.code, Some(code), "{self:#?}");
+        assert!(self.stderr.contains(needle), "stderr lacks {needle:?}: {self:#?}");
+        assert_eq!(self.stderr.lines().count(), 1, "one line: {self:#?}");
+        assert!(self.stderr.starts_with("edge-outbox: error: "), "{self:#?}");
+        assert!(!self.stderr.contains("panicked"), "{self:#?}");
+    }
+}
+
+fn edge_outbox(args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args).env_remove("RUST_LOG").stdin(Stdio::null());
+    cmd
+}
+
+fn run(args: &[&str]) -> Run {
+    run_cmd(edge_outbox(args))
+}
+
+fn run_cmd(mut cmd: Command) -> Run {
+    let out = cmd.output().expect("run edge-outbox");
+    Run {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// `args` with `--db <db>` appended (a global option: it goes anywhere).
+fn on(db: &Path, args: &[&str]) -> Run {
+    let db = db.to_str().expect("utf-8 temp path");
+    let mut all = args.to_vec();
+    all.extend(["--db", db]);
+    run(&all)
+}
+
+fn envelope(key: &str, payload: &Value) -> (MessageId, Vec<u8>) {
+    let mut cbor = Vec::new();
+    ciborium::into_writer(payload, &mut cbor).expect("encode payload");
+    let id = MessageId::new_v7();
+    let env = Envelope {
+        id,
+        source: Cow::Borrowed("cloud"),
+        seq: 1,
+        key: Cow::Owned(key.to_owned()),
+        created_ms: 0,
+        event_type: Some(Cow::Borrowed("SetSpeed")),
+        headers: vec![],
+        payload: Cow::Owned(cbor),
+    };
+    (id, env.encode())
+}
+
+/// A store with three pending messages (CBOR map, CBOR with bytes, a TEXT row through the SQL
+/// contract), two commands (one applied), and two dead letters (malformed input, and an outbox
+/// message set aside).
+struct Fixture {
+    _dir: tempfile::TempDir,
+    db: PathBuf,
+    outbox: Outbox,
+    published: Vec<MessageId>,
+    commands: Vec<MessageId>,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("device.db");
+    let outbox = Outbox::open(&db).expect("open");
+    let mut published = Vec::new();
+    let committed = outbox
+        .transaction(|tx| {
+            tx.execute_batch("CREATE TABLE orders (id TEXT PRIMARY KEY, total INTEGER)")?;
+            tx.execute("INSERT INTO orders VALUES ('o-1', 40)", [])?;
+            tx.publish(
+                "orders/placed",
+                "o-1",
+                &serde_json::json!({"order": "o-1", "total": 40}),
+            )?;
+            let raw = ciborium::Value::Map(vec![(
+                ciborium::Value::Text("blob".into()),
+                ciborium::Value::Bytes(vec![0xde, 0xad]),
+            )]);
+            tx.publish("blobs", "b", &raw)?;
+            Ok::<_, edge_outbox::Error>(())
+        })
+        .expect("commit");
+    published.extend(committed.ids);
+    outbox
+        .with_connection(|c| {
+            c.execute(
+                "INSERT INTO outbox (topic, key, payload) VALUES ('logs/pump', '', 'pump started')",
+                [],
+            )
+        })
+        .expect("SQL contract insert");
+
+    let mut commands = Vec::new();
+    for (key, speed) in [("pump-1", 10), ("pump-2", 20)] {
+        let (id, bytes) = envelope(key, &serde_json::json!({"speed": speed}));
+        assert_eq!(
+            outbox.receive("cmd/speed", &bytes).expect("receive"),
+            Received::Stored(id)
+        );
+        commands.push(id);
+    }
+    let applied = outbox
+        .apply_next(|_tx, _cmd| Ok::<(), String>(()))
+        .expect("apply");
+    assert!(matches!(applied, ApplyOutcome::Applied { .. }), "{applied:?}");
+
+    let dead = outbox
+        .receive("cmd/speed", b"\xffnot an envelope")
+        .expect("receive");
+    assert!(matches!(dead, Received::DeadLettered { .. }), "{dead:?}");
+    outbox
+        .with_connection(|c| {
+            c.execute(
+                "INSERT INTO dead_letters (origin, message_id, topic, key, payload, reason, created_at)
+                 VALUES ('outbox', randomblob(16), 'alarms', 'pump-1', x'a16161f5', 'refused by the broker', 0)",
+                [],
+            )
+        })
+        .expect("dead letter");
+    Fixture {
+        _dir: dir,
+        db,
+        outbox,
+        published,
+        commands,
+    }
+}
+
+#[test]
+fn status_reports_the_store_in_text_and_json() -> TestResult {
+    let f = fixture();
+    let stats = f.outbox.stats()?;
+
+    let text = on(&f.db, &["status"]);
+    assert_eq!(text.code, Some(0), "{text:#?}");
+    assert!(text.stderr.is_empty(), "{text:#?}");
+    for needle in [
+        "(schema 1; this build supports 1)",
+        &format!(
+            "pending       3 messages, {} B, the oldest waiting for ",
+            stats.pending_bytes
+        ),
+        "dead letters  2",
+        "inbox         1 unapplied, 1 applied",
+        "relay         not running",
+    ] {
+        assert!(text.stdout.contains(needle), "{needle:?} in\n{}", text.stdout);
+    }
+
+    let json = on(&f.db, &["status", "--json"]).json()?;
+    assert_eq!(json["schema_version"], 1);
+    assert_eq!(json["supported_schema_version"], edge_outbox::SCHEMA_VERSION);
+    // The CLI reads the documented schema itself; it must agree with the library.
+    assert_eq!(json["pending"]["messages"], stats.pending_messages);
+    assert_eq!(json["pending"]["bytes"], stats.pending_bytes);
+    assert!(json["pending"]["oldest_age_ms"].is_u64());
+    assert_eq!(json["evicted"]["messages"], stats.evicted);
+    assert_eq!(json["dead_letters"], stats.dead_letters);
+    assert_eq!(json["inbox"]["unapplied"], stats.inbox_unapplied);
+    assert_eq!(json["inbox"]["applied"], stats.inbox_applied);
+    assert_eq!(json["file_bytes"], std::fs::metadata(&f.db)?.len());
+    assert!(json["wal_bytes"].is_u64());
+    assert_eq!(json["relay"]["running"], false);
+    assert!(json["relay"]["status"].is_null());
+    Ok(())
+}
+
+#[test]
+fn pending_shows_rows_with_payloads_decoded() -> TestResult {
+    let f = fixture();
+    let json = on(&f.db, &["pending", "--json"]).json()?;
+    assert_eq!(
+        (json["total"].as_u64(), json["shown"].as_u64()),
+        (Some(3), Some(3))
+    );
+    let m = json["messages"].as_array().ok_or("messages")?;
+    assert_eq!(m[0]["id"], f.published[0].to_string(), "UUID form");
+    assert_eq!(m[0]["topic"], "orders/placed");
+    assert_eq!(m[0]["key"], "o-1");
+    assert_eq!(m[0]["payload"], serde_json::json!({"order": "o-1", "total": 40}));
+    assert!(m[0]["created_at"].as_str().is_some_and(|t| t.ends_with('Z')));
+    assert!(m[0]["seq"].as_i64() < m[1]["seq"].as_i64(), "commit order");
+    assert_eq!(m[1]["id"], f.published[1].to_string());
+    assert_eq!(
+        m[1]["payload"],
+        serde_json::json!({"blob": "h'dead'"}),
+        "bytes as h'hex'"
+    );
+    assert_eq!(
+        m[2]["payload"], "pump started",
+        "TEXT payload of the SQL contract"
+    );
+    assert_eq!(m[2]["key"], "");
+
+    let limited = on(&f.db, &["pending", "--limit", "1", "--json"]).json()?;
+    assert_eq!(
+        (limited["total"].as_u64(), limited["shown"].as_u64()),
+        (Some(3), Some(1))
+    );
+
+    let text = on(&f.db, &["pending"]);
+    assert_eq!(text.code, Some(0), "{text:#?}");
+    assert!(text.stdout.starts_with("SEQ  CREATED"), "{}", text.stdout);
+    for needle in [
+        f.published[0].to_string().as_str(),
+        r#"{"order":"o-1","total":40}"#,
+        r#""pump started""#,
+        "3 of 3 pending shown",
+    ] {
+        assert!(text.stdout.contains(needle), "{needle:?} in\n{}", text.stdout);
+    }
+    Ok(())
+}
+
+#[test]
+fn inbox_shows_unapplied_commands_and_with_all_the_applied_ones() -> TestResult {
+    let f = fixture();
+    let json = on(&f.db, &["inbox", "--json"]).json()?;
+    assert_eq!(json["unapplied"], 1);
+    let c = json["commands"].as_array().ok_or("commands")?;
+    assert_eq!(c.len(), 1, "{json}");
+    assert_eq!(c[0]["id"], f.commands[1].to_string());
+    assert_eq!(c[0]["state"], "unapplied");
+    assert_eq!(c[0]["key"], "pump-2");
+    assert_eq!(c[0]["type"], "SetSpeed");
+    assert_eq!(c[0]["source"], "cloud");
+    assert_eq!(c[0]["payload"], serde_json::json!({"speed": 20}));
+
+    let all = on(&f.db, &["inbox", "--all", "--json"]).json()?;
+    let c = all["commands"].as_array().ok_or("commands")?;
+    assert_eq!(c.len(), 2, "{all}");
+    assert_eq!(c[0]["id"], f.commands[0].to_string());
+    assert_eq!(c[0]["state"], "applied");
+    assert!(c[0]["applied_at_ms"].is_i64());
+    assert!(
+        c[0]["payload"].is_null(),
+        "applied payloads are dropped by default"
+    );
+
+    let text = on(&f.db, &["inbox"]);
+    assert_eq!(text.code, Some(0), "{text:#?}");
+    assert!(text.stdout.contains(r#"{"speed":20}"#), "{}", text.stdout);
+    assert!(text.stdout.contains("1 shown; 1 unapplied"), "{}", text.stdout);
+    Ok(())
+}
+
+#[test]
+fn dead_letters_are_listed_retried_and_dropped() -> TestResult {
+    let f = fixture();
+    let json = on(&f.db, &["dead-letters", "list", "--json"]).json()?;
+    assert_eq!(json["total"], 2);
+    let d = json["dead_letters"].as_array().ok_or("dead_letters")?;
+    let malformed = &d[0];
+    assert_eq!(malformed["origin"], "inbox");
+    assert!(malformed["message_id"].is_null());
+    assert!(malformed["reason"].as_str().is_some_and(|r| !r.is_empty()));
+    assert_eq!(
+        malformed["payload"]["hex"], "ff6e6f7420616e20656e76656c6f7065",
+        "raw bytes that are not CBOR are shown in hex"
+    );
+    let refused = &d[1];
+    assert_eq!(refused["origin"], "outbox");
+    assert_eq!(refused["reason"], "refused by the broker");
+    assert_eq!(refused["payload"], serde_json::json!({"a": true}));
+    let (malformed_id, refused_id) = (
+        malformed["id"].as_i64().ok_or("id")?,
+        refused["id"].as_i64().ok_or("id")?,
+    );
+
+    let text = on(&f.db, &["dead-letters", "list"]);
+    assert_eq!(text.code, Some(0), "{text:#?}");
+    assert!(
+        text.stdout.contains("reason:  refused by the broker"),
+        "{}",
+        text.stdout
+    );
+    assert!(
+        text.stdout.contains("2 of 2 dead letters shown"),
+        "{}",
+        text.stdout
+    );
+
+    // Retrying the outbox message queues it again behind the three pending ones.
+    let retried = on(&f.db, &["dead-letters", "retry", &refused_id.to_string()]);
+    assert_eq!(retried.code, Some(0), "{retried:#?}");
+    assert_eq!(retried.stdout, format!("dead letter {refused_id} put back\n"));
+    assert_eq!(f.outbox.stats()?.pending_messages, 4);
+    let pending = on(&f.db, &["pending", "--json"]).json()?;
+    assert_eq!(pending["messages"][3]["topic"], "alarms");
+
+    let dropped = on(
+        &f.db,
+        &["dead-letters", "drop", &malformed_id.to_string(), "--json"],
+    );
+    assert_eq!(dropped.code, Some(0), "{dropped:#?}");
+    assert_eq!(dropped.json()?["action"], "dropped");
+    assert_eq!(f.outbox.stats()?.dead_letters, 0);
+    assert_eq!(on(&f.db, &["dead-letters", "list", "--json"]).json()?["total"], 0);
+
+    on(&f.db, &["dead-letters", "drop", &malformed_id.to_string()])
+        .fails_with(5, &format!("dead letter {malformed_id} not found"));
+    on(&f.db, &["dead-letters", "retry", "999"]).fails_with(5, "dead letter 999 not found");
+    let bad_id = on(&f.db, &["dead-letters", "retry", "seven"]);
+    assert_eq!(bad_id.code, Some(2), "{bad_id:#?}");
+    Ok(())
+}
+
+#[test]
+fn a_missing_file_is_reported_and_never_created() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("typo.db");
+    for args in [
+        &["status"][..],
+        &["status", "--json"],
+        &["pending"],
+        &["inbox"],
+        &["dead-letters", "list"],
+        &["dead-letters", "retry", "1"],
+        &["dead-letters", "drop", "1"],
+    ] {
+        let r = on(&db, args);
+        r.fails_with(3, &format!("no database at {}", db.display()));
+        assert!(r.stdout.is_empty(), "{r:#?}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path())?.count(), 0, "nothing created");
+
+    // The default path (no --db) is the platform data directory, also left alone.
+    let home = dir.path().join("home");
+    let mut cmd = edge_outbox(&["status"]);
+    cmd.env("HOME", &home).env_remove("XDG_DATA_HOME");
+    let r = run_cmd(cmd);
+    r.fails_with(3, "no database at ");
+    if cfg!(target_os = "linux") {
+        assert!(r.stderr.contains(".local/share/edge-outbox/outbox.db"), "{r:#?}");
+    }
+    assert!(!home.exists(), "no directory created");
+    Ok(())
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_refused_untouched() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("notes.txt");
+    let content = "these are not the pages you are looking for\n".repeat(100);
+    std::fs::write(&db, &content)?;
+    for args in [&["status"][..], &["pending"], &["dead-letters", "drop", "1"]] {
+        on(&db, args).fails_with(3, "is not an SQLite database");
+    }
+    assert_eq!(std::fs::read_to_string(&db)?, content);
+    assert_eq!(std::fs::read_dir(dir.path())?.count(), 1, "no -wal or -shm left");
+    Ok(())
+}
+
+#[test]
+fn another_applications_database_is_not_touched() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("app.db");
+    rusqlite::Connection::open(&db)?.execute_batch("CREATE TABLE t (x)")?;
+    on(&db, &["status"]).fails_with(3, "has no edge-outbox tables");
+    on(&db, &["dead-letters", "retry", "1"]).fails_with(3, "has no edge-outbox tables");
+    let tables: i64 = rusqlite::Connection::open(&db)?.query_row(
+        "SELECT count(*) FROM sqlite_schema WHERE type = 'table'",
+        [],
+        |r| r.get(0),
+    )?;
+    assert_eq!(tables, 1, "no edge-outbox tables were created");
+    Ok(())
+}
+
+#[test]
+fn a_newer_schema_is_refused() -> TestResult {
+    let f = fixture();
+    f.outbox.with_connection(|c| {
+        c.execute(
+            "UPDATE edge_outbox_meta SET value = 99 WHERE name = 'schema_version'",
+            [],
+        )
+    })?;
+    on(&f.db, &["status"]).fails_with(3, "schema version 99 was written by a newer edge-outbox");
+    Ok(())
+}
+
+#[test]
+fn a_locked_database_fails_writes_with_exit_3_and_reads_still_work() -> TestResult {
+    let f = fixture();
+    let holder = rusqlite::Connection::open(&f.db)?;
+    holder.execute_batch("BEGIN EXCLUSIVE; INSERT INTO outbox (topic, payload) VALUES ('t', 'x');")?;
+
+    let started = Instant::now();
+    on(&f.db, &["dead-letters", "drop", "1", "--busy-timeout", "200"]).fails_with(3, "database is locked");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "gave up after --busy-timeout"
+    );
+
+    // WAL readers do not wait for the writer: status shows the last committed state.
+    let status = on(&f.db, &["status", "--json", "--busy-timeout", "200"]).json()?;
+    assert_eq!(status["pending"]["messages"], 3);
+    assert_eq!(status["dead_letters"], 2, "the failed drop changed nothing");
+
+    holder.execute_batch("COMMIT")?;
+    let dropped = on(&f.db, &["dead-letters", "drop", "1"]);
+    assert_eq!(dropped.code, Some(0), "{dropped:#?}");
+    Ok(())
+}
+
+#[test]
+fn bad_relay_arguments_are_usage_errors_and_create_nothing() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("device.db");
+    for url in [
+        "127.0.0.1:1883",
+        "http://broker:1883",
+        "mqtt://broker:99999",
+        "mqtt://:1883",
+    ] {
+        on(&db, &["relay", "--broker", url, "--client-id", "d"]).fails_with(2, "broker URL");
+    }
+    on(
+        &db,
+        &[
+            "relay",
+            "--broker",
+            "mqtt://h",
+            "--client-id",
+            "d",
+            "--ca",
+            "ca.pem",
+        ],
+    )
+    .fails_with(2, "need an mqtts:// broker URL");
+    on(
+        &db,
+        &[
+            "relay",
+            "--broker",
+            "mqtts://h",
+            "--client-id",
+            "d",
+            "--ca",
+            "/nonexistent/ca.pem",
+        ],
+    )
+    .fails_with(2, "/nonexistent/ca.pem");
+    on(
+        &db,
+        &[
+            "relay",
+            "--broker",
+            "mqtt://h",
+            "--client-id",
+            "d",
+            "--username",
+            "u",
+            "--password-file",
+            "/nonexistent/pw",
+        ],
+    )
+    .fails_with(2, "password file");
+    let missing = on(&db, &["relay", "--broker", "mqtt://h"]);
+    assert_eq!(missing.code, Some(2), "clap's usage error: {missing:#?}");
+    assert!(missing.stderr.contains("--client-id"), "{missing:#?}");
+    assert_eq!(std::fs::read_dir(dir.path())?.count(), 0, "nothing created");
+    Ok(())
+}
+
+#[test]
+fn help_documents_the_exit_codes() {
+    let help = run(&["--help"]);
+    assert_eq!(help.code, Some(0));
+    for needle in [
+        "Exit codes:",
+        "3  database error",
+        "4  another relay is already running",
+    ] {
+        assert!(help.stdout.contains(needle), "{needle:?} in\n{}", help.stdout);
+    }
+    let relay = run(&["relay", "--help"]);
+    assert!(relay.stdout.contains("relay-status.json"), "{}", relay.stdout);
+}
+
+/// A relay child process, killed if the test fails before it is stopped.
+struct RelayProcess {
+    child: Child,
+    stderr: PathBuf,
+}
+
+impl RelayProcess {
+    fn spawn(db: &Path, broker: &Broker, client_id: &str, extra: &[&str]) -> std::io::Result<Self> {
+        let stderr = db.with_extension(format!("{client_id}.stderr"));
+        let url = format!("mqtt://127.0.0.1:{}", broker.port());
+        let mut cmd = edge_outbox(&["relay", "--broker", &url, "--client-id", client_id]);
+        cmd.args(extra)
+            .arg("--db")
+            .arg(db)
+            .stdout(File::create(db.with_extension(format!("{client_id}.stdout")))?)
+            .stderr(File::create(&stderr)?);
+        Ok(RelayProcess {
+            child: cmd.spawn()?,
+            stderr,
+        })
+    }
+
+    fn signal(&self, name: &str) -> std::io::Result<()> {
+        let status = Command::new("kill")
+            .args([format!("-{name}"), self.child.id().to_string()])
+            .status()?;
+        assert!(status.success(), "kill -{name}");
+        Ok(())
+    }
+
+    fn wait(&mut self, timeout: Duration) -> std::io::Result<Option<i32>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status.code());
+            }
+            assert!(Instant::now() < deadline, "relay did not stop: {}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+}
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `status --json` until `done` holds for it (the relay reports once a second).
+fn wait_status(db: &Path, relay: &RelayProcess, mut done: impl FnMut(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        // Until the relay has created the file, status fails (exit 3): keep waiting.
+        let run = on(db, &["status", "--json"]);
+        if let Some(status) = run.json().ok().filter(|s| done(s)) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "last status: {run:#?}\nrelay log: {}",
+            relay.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn relay_publishes_receives_commands_refuses_a_second_and_stops_on_sigterm() -> TestResult {
+    let broker = Broker::start()?;
+    let sub = Subscriber::start(broker.addr(), "orders/#")?;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("device.db");
+    let outbox = Outbox::open(&db)?;
+    let mut ids = Vec::new();
+    for i in 0..3u64 {
+        ids.extend(
+            outbox
+                .transaction(|tx| tx.publish("orders/placed", "o", &("order", i)))?
+                .ids,
+        );
+    }
+
+    let mut relay = RelayProcess::spawn(&db, &broker, "cli-relay", &["--commands", "cmd/cli-relay/#"])?;
+    assert!(
+        sub.wait_for(3, WAIT),
+        "got {:?}\nrelay log: {}",
+        sub.messages(),
+        relay.log()
+    );
+
+    // Another process sees the relay, its counters and its command session.
+    let status = wait_status(&db, &relay, |s| {
+        s["relay"]["status"]["acknowledged"] == 3 && s["relay"]["status"]["commands_connected"] == true
+    });
+    assert_eq!(status["relay"]["running"], true);
+    assert_eq!(status["relay"]["pid"], relay.child.id());
+    assert_eq!(status["relay"]["status"]["client_id"], "cli-relay");
+    assert_eq!(status["pending"]["messages"], 0);
+    let text = on(&db, &["status"]);
+    assert!(
+        text.stdout.contains(&format!(
+            "relay         running (pid {}), connected to",
+            relay.child.id()
+        )),
+        "{}",
+        text.stdout
+    );
+
+    // A row committed by another process after start is published too.
+    ids.extend(
+        outbox
+            .transaction(|tx| tx.publish("orders/placed", "o", &("order", 3u64)))?
+            .ids,
+    );
+    assert!(sub.wait_for(4, WAIT), "relay log: {}", relay.log());
+    let got: Vec<MessageId> = sub
+        .payloads()
+        .iter()
+        .map(|p| Envelope::decode(p).map(|e| e.id))
+        .collect::<Result<_, _>>()?;
+    assert_eq!(got, ids, "every message once, in commit order");
+
+    // A command published to the broker lands in the inbox.
+    let (command_id, bytes) = envelope("pump-1", &serde_json::json!({"speed": 7}));
+    support::publish_raw(broker.addr(), "cmd/cli-relay/speed", &bytes, QoS::AtLeastOnce)?;
+    let deadline = Instant::now() + WAIT;
+    while on(&db, &["inbox", "--json"]).json()?["unapplied"] != 1 {
+        assert!(Instant::now() < deadline, "command not stored: {}", relay.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let inbox = on(&db, &["inbox", "--json"]).json()?;
+    assert_eq!(inbox["commands"][0]["id"], command_id.to_string());
+    assert_eq!(inbox["commands"][0]["payload"], serde_json::json!({"speed": 7}));
+
+    // One relay per file.
+    let url = format!("mqtt://127.0.0.1:{}", broker.port());
+    on(&db, &["relay", "--broker", &url, "--client-id", "second"]).fails_with(4, "already running");
+
+    relay.signal("TERM")?;
+    assert_eq!(relay.wait(WAIT)?, Some(0), "relay log: {}", relay.log());
+    let log = relay.log();
+    assert!(
+        log.contains("stopped on SIGTERM: 4 published, 4 acknowledged; 0 pending"),
+        "{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(
+        !dir.path().join("device.db.relay-status.json").exists(),
+        "status file removed"
+    );
+    let after = on(&db, &["status", "--json"]).json()?;
+    assert_eq!(after["relay"]["running"], false);
+    assert!(after["relay"]["status"].is_null());
+    Ok(())
+}
+
+#[test]
+fn relay_stops_on_sigint_and_reports_in_json() -> TestResult {
+    let broker = Broker::start()?;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("new.db");
+    // The relay creates a missing database (the sidecar starts before the application).
+    let mut relay = RelayProcess::spawn(&db, &broker, "cli-sigint", &["--json"])?;
+    wait_status(&db, &relay, |s| s["relay"]["status"]["connected"] == true);
+    relay.signal("INT")?;
+    assert_eq!(relay.wait(WAIT)?, Some(0), "relay log: {}", relay.log());
+    let stdout = std::fs::read_to_string(db.with_extension("cli-sigint.stdout"))?;
+    let summary: Value = serde_json::from_str(&stdout)?;
+    assert_eq!(summary["stopped_by"], "SIGINT");
+    assert_eq!(summary["pending"], 0);
+    assert!(relay.log().contains("created a new one"), "{}", relay.log());
+    Ok(())
+}
