@@ -1,1 +1,495 @@
-fn main() {}
+//! What the outbox costs a write transaction.
+//!
+//! Three variants of one transaction, measured side by side in rounds on real files:
+//!
+//! - **a**: a business insert alone (`BEGIN IMMEDIATE`, `INSERT INTO orders`, `COMMIT`);
+//! - **b**: the same insert plus [`Tx::publish`](edge_outbox::Tx::publish) of the order as an
+//!   event, through [`Outbox::transaction`] (the crate's public API, nothing else);
+//! - **c**: the same insert plus a hand-written rusqlite insert of an equivalent outbox row
+//!   (16 random id bytes, topic, key, the CBOR payload, `created_at`): the floor no crate can beat.
+//!
+//! at `synchronous = FULL` and `NORMAL`, with one row and with 100 rows (100 orders and 100
+//! messages) per transaction. Each configuration gets a fresh file, opened by
+//! [`Outbox::open_with`] so the pragmas (WAL, synchronous, auto-vacuum, WAL size limit) are the
+//! crate's own, and all three variants run on that one connection (a and c through
+//! [`Outbox::with_connection`]), as an application's business tables and outbox share one file.
+//! One connection matters: the bundled SQLite is built with `SQLITE_ENABLE_MEMORY_MANAGEMENT`,
+//! so all connections in a process share one page-cache LRU, and a variant on a second connection
+//! evicts the pages of the others (measured: the business insert then misses the cache on every
+//! statement).
+//!
+//! Noise on a shared machine hits all variants alike: each round runs a, b and c for one time
+//! slice each, in every order in turn, and the table shows the median over rounds; a ratio is the
+//! median of the per-round ratios, with its interquartile range.
+//!
+//! Environment:
+//! - `EDGE_OUTBOX_BENCH_SECS`: measuring budget for the whole run (default 120);
+//! - `EDGE_OUTBOX_BENCH_ROUNDS`: rounds per configuration (default 18; a multiple of 6 balances
+//!   the order of the variants);
+//! - `EDGE_OUTBOX_BENCH_CONFIGS`: comma-separated subset of `full_single,full_batch100,
+//!   normal_single,normal_batch100` (default all);
+//! - `EDGE_OUTBOX_BENCH_DIR`: where the temporary databases go (default the cargo target dir;
+//!   it must be a real disk, not tmpfs, or FULL measures nothing).
+//!
+//! The output ends with one `bench: NAME VALUE` line per figure.
+
+use std::error::Error as StdError;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use edge_outbox::{Options, Outbox, Synchronous};
+use rusqlite::{Transaction, TransactionBehavior, params};
+use serde::Serialize;
+
+type BoxResult<T> = Result<T, Box<dyn StdError>>;
+
+const TOPIC: &str = "orders/placed";
+
+const BUSINESS_SCHEMA: &str = "CREATE TABLE orders (
+    id          INTEGER PRIMARY KEY,
+    order_id    TEXT    NOT NULL,
+    customer    TEXT    NOT NULL,
+    sku         TEXT    NOT NULL,
+    quantity    INTEGER NOT NULL,
+    total_cents INTEGER NOT NULL,
+    placed_at   INTEGER NOT NULL
+)";
+
+const INSERT_ORDER: &str = "INSERT INTO orders (order_id, customer, sku, quantity, total_cents, placed_at)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+
+/// The columns the crate writes; the others keep their defaults (NULL event type and headers,
+/// not evictable), as in the crate's row.
+const INSERT_OUTBOX: &str =
+    "INSERT INTO outbox (id, topic, key, payload, created_at) VALUES (?1, ?2, ?3, ?4, ?5)";
+
+/// The event: what a device would announce for the business row. About 100 bytes of CBOR.
+#[derive(Serialize)]
+struct OrderPlaced<'a> {
+    order_id: &'a str,
+    customer: &'a str,
+    sku: &'a str,
+    quantity: u32,
+    total_cents: u64,
+    currency: &'a str,
+    placed_at_ms: i64,
+}
+
+const CUSTOMERS: [&str; 4] = ["cust-0017", "cust-0342", "cust-1288", "cust-9001"];
+const SKUS: [&str; 3] = ["SKU-A100-RED", "SKU-B220-BLU", "SKU-C310-GRN"];
+
+/// Makes the next order: every variant pays for this alike.
+struct Orders {
+    n: u64,
+    order_id: String,
+}
+
+impl Orders {
+    fn new() -> Self {
+        Orders {
+            n: 0,
+            order_id: String::with_capacity(16),
+        }
+    }
+
+    fn next(&mut self) -> OrderPlaced<'_> {
+        use std::fmt::Write;
+        self.n += 1;
+        let n = self.n;
+        self.order_id.clear();
+        let _ = write!(self.order_id, "ord-{n:010}");
+        OrderPlaced {
+            order_id: &self.order_id,
+            customer: CUSTOMERS[(n % 4) as usize],
+            sku: SKUS[(n % 3) as usize],
+            quantity: (n % 5 + 1) as u32,
+            total_cents: 1250 + (n % 1000) * 7,
+            currency: "EUR",
+            placed_at_ms: now_ms(),
+        }
+    }
+}
+
+fn insert_order(tx: &Transaction<'_>, o: &OrderPlaced<'_>) -> rusqlite::Result<()> {
+    tx.prepare_cached(INSERT_ORDER)?.execute(params![
+        o.order_id,
+        o.customer,
+        o.sku,
+        o.quantity,
+        o.total_cents as i64,
+        o.placed_at_ms
+    ])?;
+    Ok(())
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// splitmix64: the cheapest way to 16 random-looking bytes, for the floor.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn id(&mut self) -> [u8; 16] {
+        let mut id = [0; 16];
+        id[..8].copy_from_slice(&self.next_u64().to_le_bytes());
+        id[8..].copy_from_slice(&self.next_u64().to_le_bytes());
+        id
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    A,
+    B,
+    C,
+}
+
+const VARIANTS: [Variant; 3] = [Variant::A, Variant::B, Variant::C];
+
+/// One configuration's store: one file, one connection, shared by the three variants as an
+/// application's business tables and outbox share them.
+struct Store {
+    outbox: Outbox,
+    orders: Orders,
+    rng: Rng,
+    buf: Vec<u8>,
+    /// Transactions committed by each variant, to check what the file holds at the end.
+    committed: [u64; 3],
+}
+
+impl Store {
+    fn new(path: &Path, sync: Synchronous) -> BoxResult<Self> {
+        let outbox = Outbox::open_with(path, Options::new().synchronous(sync))?;
+        outbox.with_connection(|c| c.execute_batch(BUSINESS_SCHEMA))?;
+        let seed = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64;
+        Ok(Store {
+            outbox,
+            orders: Orders::new(),
+            rng: Rng(seed),
+            buf: Vec::with_capacity(256),
+            committed: [0; 3],
+        })
+    }
+
+    /// One transaction of `rows` orders (and `rows` messages for b and c).
+    fn transaction(&mut self, variant: Variant, rows: usize) -> BoxResult<()> {
+        let Store {
+            outbox,
+            orders,
+            rng,
+            buf,
+            committed,
+        } = self;
+        match variant {
+            Variant::A => outbox.with_connection(|conn| {
+                let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
+                for _ in 0..rows {
+                    insert_order(&tx, &orders.next())?;
+                }
+                tx.commit()
+            })?,
+            Variant::B => {
+                outbox.transaction(|tx| {
+                    for _ in 0..rows {
+                        let o = orders.next();
+                        insert_order(tx, &o)?;
+                        tx.publish(TOPIC, o.order_id, &o)?;
+                    }
+                    Ok::<_, edge_outbox::Error>(())
+                })?;
+            }
+            Variant::C => outbox.with_connection(|conn| -> BoxResult<()> {
+                let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
+                for _ in 0..rows {
+                    let o = orders.next();
+                    insert_order(&tx, &o)?;
+                    buf.clear();
+                    ciborium::into_writer(&o, &mut *buf)?;
+                    tx.prepare_cached(INSERT_OUTBOX)?.execute(params![
+                        rng.id(),
+                        TOPIC,
+                        o.order_id,
+                        &buf[..],
+                        now_ms()
+                    ])?;
+                }
+                tx.commit()?;
+                Ok(())
+            })?,
+        }
+        committed[variant as usize] += 1;
+        Ok(())
+    }
+
+    /// Runs `variant` for `slice` (at least three transactions); returns transactions per second.
+    fn run(&mut self, variant: Variant, rows: usize, slice: Duration) -> BoxResult<f64> {
+        let start = Instant::now();
+        let mut n = 0u64;
+        loop {
+            self.transaction(variant, rows)?;
+            n += 1;
+            let elapsed = start.elapsed();
+            if n >= 3 && elapsed >= slice {
+                return Ok(n as f64 / elapsed.as_secs_f64());
+            }
+        }
+    }
+
+    /// Checks that the file holds exactly what the variants claim to have committed.
+    fn check(&self, rows: usize) -> BoxResult<()> {
+        let (orders, outbox): (u64, u64) = self.outbox.with_connection(|c| -> rusqlite::Result<_> {
+            Ok((
+                c.query_row("SELECT count(*) FROM orders", [], |r| r.get(0))?,
+                c.query_row("SELECT count(*) FROM outbox", [], |r| r.get(0))?,
+            ))
+        })?;
+        let [a, b, c] = self.committed.map(|n| n * rows as u64);
+        if orders != a + b + c || outbox != b + c {
+            return Err(format!(
+                "the file holds {orders} orders and {outbox} messages; expected {} and {}",
+                a + b + c,
+                b + c
+            )
+            .into());
+        }
+        Ok(())
+    }
+}
+
+struct Config {
+    name: &'static str,
+    label: &'static str,
+    sync: Synchronous,
+    rows: usize,
+}
+
+const CONFIGS: [Config; 4] = [
+    Config {
+        name: "full_single",
+        label: "FULL    1 row",
+        sync: Synchronous::Full,
+        rows: 1,
+    },
+    Config {
+        name: "full_batch100",
+        label: "FULL    100 rows",
+        sync: Synchronous::Full,
+        rows: 100,
+    },
+    Config {
+        name: "normal_single",
+        label: "NORMAL  1 row",
+        sync: Synchronous::Normal,
+        rows: 1,
+    },
+    Config {
+        name: "normal_batch100",
+        label: "NORMAL  100 rows",
+        sync: Synchronous::Normal,
+        rows: 100,
+    },
+];
+
+/// The order of the variants in successive rounds: every permutation in turn, so each variant
+/// goes first, last, and after each of the others equally often (what a slice leaves behind, such
+/// as WAL frames awaiting a checkpoint or pages the kernel is still writing back, falls on every
+/// variant alike).
+const ORDERS: [[usize; 3]; 6] = [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 2, 1], [2, 1, 0], [1, 0, 2]];
+
+/// The results of one configuration.
+struct Outcome {
+    config: &'static Config,
+    /// Median transactions per second of a, b and c.
+    tps: [f64; 3],
+    /// Median, 25th and 75th percentile of the per-round ratios b/a, b/c and c/a.
+    ratios: [[f64; 3]; 3],
+}
+
+fn measure(config: &'static Config, base: &Path, rounds: usize, slice: Duration) -> BoxResult<Outcome> {
+    let dir = tempfile::Builder::new().prefix("enqueue-").tempdir_in(base)?;
+    let mut store = Store::new(&dir.path().join("device.db"), config.sync)?;
+    // Warm up: statement caches, page cache, the first WAL checkpoints.
+    for v in VARIANTS {
+        store.run(v, config.rows, slice / 2)?;
+    }
+    let mut per_round: Vec<[f64; 3]> = Vec::with_capacity(rounds);
+    for round in 0..rounds {
+        let mut tps = [0.0; 3];
+        for i in ORDERS[round % ORDERS.len()] {
+            tps[i] = store.run(VARIANTS[i], config.rows, slice)?;
+        }
+        per_round.push(tps);
+    }
+    store.check(config.rows)?;
+    let column = |f: &dyn Fn(&[f64; 3]) -> f64| -> Vec<f64> { per_round.iter().map(f).collect() };
+    let tps = [0, 1, 2].map(|i| quantile(column(&|t| t[i]), 0.5));
+    let ratio_of = |num: usize, den: usize| {
+        let v = column(&|t| t[num] / t[den]);
+        [
+            quantile(v.clone(), 0.5),
+            quantile(v.clone(), 0.25),
+            quantile(v, 0.75),
+        ]
+    };
+    Ok(Outcome {
+        config,
+        tps,
+        ratios: [ratio_of(1, 0), ratio_of(1, 2), ratio_of(2, 0)],
+    })
+}
+
+/// Linear-interpolated quantile `q` of `v` (not empty).
+fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let pos = q * (v.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+}
+
+fn env_num(name: &str, default: f64) -> BoxResult<f64> {
+    match std::env::var(name) {
+        Ok(s) => {
+            let v: f64 = s.trim().parse().map_err(|e| format!("{name}={s:?}: {e}"))?;
+            if v.is_finite() && v > 0.0 {
+                Ok(v)
+            } else {
+                Err(format!("{name} must be a positive number, got {s:?}").into())
+            }
+        }
+        Err(_) => Ok(default),
+    }
+}
+
+/// The file system type holding `dir`, from /proc/self/mounts (Linux; "unknown" elsewhere).
+fn fs_type(dir: &Path) -> String {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
+        return "unknown".into();
+    };
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let _device = fields.next()?;
+            let mount = PathBuf::from(fields.next()?.replace("\\040", " "));
+            let fs = fields.next()?;
+            dir.starts_with(&mount).then(|| (mount, fs.to_owned()))
+        })
+        .max_by_key(|(mount, _)| mount.components().count())
+        .map_or_else(|| "unknown".into(), |(_, fs)| fs)
+}
+
+fn payload_size() -> BoxResult<usize> {
+    let mut orders = Orders::new();
+    let mut buf = Vec::new();
+    ciborium::into_writer(&orders.next(), &mut buf)?;
+    Ok(buf.len())
+}
+
+fn main() -> BoxResult<()> {
+    let secs = env_num("EDGE_OUTBOX_BENCH_SECS", 120.0)?;
+    let rounds = env_num("EDGE_OUTBOX_BENCH_ROUNDS", 18.0)?.round().max(1.0) as usize;
+    let selected: Vec<&'static Config> = match std::env::var("EDGE_OUTBOX_BENCH_CONFIGS") {
+        Ok(list) => {
+            let names: Vec<&str> = list.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+            if let Some(bad) = names.iter().find(|n| !CONFIGS.iter().any(|c| c.name == **n)) {
+                return Err(format!("EDGE_OUTBOX_BENCH_CONFIGS: unknown configuration {bad:?}").into());
+            }
+            CONFIGS.iter().filter(|c| names.contains(&c.name)).collect()
+        }
+        Err(_) => CONFIGS.iter().collect(),
+    };
+    let base = match std::env::var_os("EDGE_OUTBOX_BENCH_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(option_env!("CARGO_TARGET_TMPDIR").unwrap_or(".")),
+    };
+    std::fs::create_dir_all(&base)?;
+    let fs = fs_type(&base);
+    // Per configuration: a warm-up of half a slice per variant, then `rounds` slices of each.
+    let slice = Duration::from_secs_f64(secs / selected.len().max(1) as f64 / (3.0 * (rounds as f64 + 0.5)));
+
+    println!("edge-outbox enqueue benchmark");
+    println!("  a = business insert alone (rusqlite, BEGIN IMMEDIATE)");
+    println!("  b = a + tx.publish(topic, key, &value) through Outbox::transaction");
+    println!("  c = a + hand-written rusqlite insert of the same outbox row (the floor)");
+    println!(
+        "  payload {} bytes of CBOR; {rounds} rounds of a {:.2} s slice per variant, interleaved; medians",
+        payload_size()?,
+        slice.as_secs_f64()
+    );
+    println!("  databases in {} ({fs})", base.display());
+    if matches!(fs.as_str(), "tmpfs" | "ramfs") {
+        println!("  WARNING: {fs} is memory, not disk: FULL figures mean nothing; set EDGE_OUTBOX_BENCH_DIR");
+    }
+    println!();
+
+    let started = Instant::now();
+    let mut outcomes = Vec::new();
+    for config in selected {
+        outcomes.push(measure(config, &base, rounds, slice)?);
+    }
+
+    println!(
+        "{:<17} {:>10} {:>10} {:>10}   {:<18} {:<18} {:<18}",
+        "configuration", "a tx/s", "b tx/s", "c tx/s", "b/a [p25-p75]", "b/c [p25-p75]", "c/a [p25-p75]"
+    );
+    for o in &outcomes {
+        let r = |i: usize| {
+            format!(
+                "{:.3} [{:.2}-{:.2}]",
+                o.ratios[i][0], o.ratios[i][1], o.ratios[i][2]
+            )
+        };
+        println!(
+            "{:<17} {:>10.0} {:>10.0} {:>10.0}   {:<18} {:<18} {:<18}",
+            o.config.label,
+            o.tps[0],
+            o.tps[1],
+            o.tps[2],
+            r(0),
+            r(1),
+            r(2)
+        );
+    }
+    println!();
+    println!("targets: b/c >= 0.90 everywhere, b/a >= 0.85 at FULL");
+    for o in &outcomes {
+        let bc = o.ratios[1][0];
+        let ba = o.ratios[0][0];
+        let full = o.config.sync == Synchronous::Full;
+        let ok = bc >= 0.90 && (!full || ba >= 0.85);
+        println!(
+            "  {:<17} b/c {bc:.3}{}  {}",
+            o.config.label,
+            if full {
+                format!("  b/a {ba:.3}")
+            } else {
+                String::new()
+            },
+            if ok { "met" } else { "MISSED" }
+        );
+    }
+    println!("measured in {:.0} s", started.elapsed().as_secs_f64());
+    println!();
+    for o in &outcomes {
+        let name = o.config.name;
+        for (i, v) in ["a", "b", "c"].iter().enumerate() {
+            println!("bench: enqueue_{name}_{v}_tx_per_s {:.0}", o.tps[i]);
+        }
+        for (i, v) in ["b_over_a", "b_over_c", "c_over_a"].iter().enumerate() {
+            println!("bench: enqueue_{name}_{v} {:.3}", o.ratios[i][0]);
+        }
+    }
+    Ok(())
+}
