@@ -12,6 +12,7 @@
 pub mod broker;
 pub mod check;
 pub mod device;
+pub mod powercut;
 pub mod proxy;
 pub mod subscriber;
 pub mod tls;
