@@ -18,14 +18,16 @@
 //! evicts the pages of the others (measured: the business insert then misses the cache on every
 //! statement).
 //!
-//! Noise on a shared machine hits all variants alike: each round runs a, b and c for one time
-//! slice each, in every order in turn, and the table shows the median over rounds; a ratio is the
-//! median of the per-round ratios, with its interquartile range.
+//! Noise on a shared machine hits all variants alike: a round gives a, b and c one time slice
+//! each, taken in turns of 25 ms (a, b, c, then b, c, a, ... through every order, so each
+//! variant follows each other one equally often and inherits its share of pending WAL
+//! checkpoints), and the table shows the median over rounds; a ratio is the median of the
+//! per-round ratios, with its interquartile range. Still, with other work on the machine, run it
+//! twice: a noisy run shows as a wide interquartile range.
 //!
 //! Environment:
 //! - `EDGE_OUTBOX_BENCH_SECS`: measuring budget for the whole run (default 120);
-//! - `EDGE_OUTBOX_BENCH_ROUNDS`: rounds per configuration (default 18; a multiple of 6 balances
-//!   the order of the variants);
+//! - `EDGE_OUTBOX_BENCH_ROUNDS`: rounds per configuration (default 18);
 //! - `EDGE_OUTBOX_BENCH_CONFIGS`: comma-separated subset of `full_single,full_batch100,
 //!   normal_single,normal_batch100` (default all);
 //! - `EDGE_OUTBOX_BENCH_DIR`: where the temporary databases go (default the cargo target dir;
@@ -232,16 +234,17 @@ impl Store {
         Ok(())
     }
 
-    /// Runs `variant` for `slice` (at least three transactions); returns transactions per second.
-    fn run(&mut self, variant: Variant, rows: usize, slice: Duration) -> BoxResult<f64> {
+    /// Runs `variant` for `slice` (at least one transaction); returns the transactions and the
+    /// time they took.
+    fn run(&mut self, variant: Variant, rows: usize, slice: Duration) -> BoxResult<(u64, Duration)> {
         let start = Instant::now();
         let mut n = 0u64;
         loop {
             self.transaction(variant, rows)?;
             n += 1;
             let elapsed = start.elapsed();
-            if n >= 3 && elapsed >= slice {
-                return Ok(n as f64 / elapsed.as_secs_f64());
+            if elapsed >= slice {
+                return Ok((n, elapsed));
             }
         }
     }
@@ -301,7 +304,10 @@ const CONFIGS: [Config; 4] = [
     },
 ];
 
-/// The order of the variants in successive rounds: every permutation in turn, so each variant
+/// How long a variant runs before the next one takes over, within a round.
+const TURN: Duration = Duration::from_millis(25);
+
+/// The order of the variants in successive turns: every permutation in turn, so each variant
 /// goes first, last, and after each of the others equally often (what a slice leaves behind, such
 /// as WAL frames awaiting a checkpoint or pages the kernel is still writing back, falls on every
 /// variant alike).
@@ -323,13 +329,21 @@ fn measure(config: &'static Config, base: &Path, rounds: usize, slice: Duration)
     for v in VARIANTS {
         store.run(v, config.rows, slice / 2)?;
     }
+    // A round gives each variant `slice` in turns of `TURN`, so a burst of load from elsewhere
+    // falls on all three rather than on one variant's whole slice.
+    let turns = (slice.as_secs_f64() / TURN.as_secs_f64()).round().max(1.0) as usize;
+    let turn = slice / turns as u32;
     let mut per_round: Vec<[f64; 3]> = Vec::with_capacity(rounds);
     for round in 0..rounds {
-        let mut tps = [0.0; 3];
-        for i in ORDERS[round % ORDERS.len()] {
-            tps[i] = store.run(VARIANTS[i], config.rows, slice)?;
+        let mut done = [(0u64, Duration::ZERO); 3];
+        for t in 0..turns {
+            for i in ORDERS[(round * turns + t) % ORDERS.len()] {
+                let (n, took) = store.run(VARIANTS[i], config.rows, turn)?;
+                done[i].0 += n;
+                done[i].1 += took;
+            }
         }
-        per_round.push(tps);
+        per_round.push(done.map(|(n, took)| n as f64 / took.as_secs_f64()));
     }
     store.check(config.rows)?;
     let column = |f: &dyn Fn(&[f64; 3]) -> f64| -> Vec<f64> { per_round.iter().map(f).collect() };
@@ -424,7 +438,7 @@ fn main() -> BoxResult<()> {
     println!("  b = a + tx.publish(topic, key, &value) through Outbox::transaction");
     println!("  c = a + hand-written rusqlite insert of the same outbox row (the floor)");
     println!(
-        "  payload {} bytes of CBOR; {rounds} rounds of a {:.2} s slice per variant, interleaved; medians",
+        "  payload {} bytes of CBOR; {rounds} rounds of {:.2} s per variant in 25 ms turns; medians",
         payload_size()?,
         slice.as_secs_f64()
     );
