@@ -320,10 +320,13 @@ struct Outcome {
     tps: [f64; 3],
     /// Median, 25th and 75th percentile of the per-round ratios b/a, b/c and c/a.
     ratios: [[f64; 3]; 3],
+    /// [`fsync_latency`] before and after.
+    fsync_ms: [f64; 2],
 }
 
 fn measure(config: &'static Config, base: &Path, rounds: usize, slice: Duration) -> BoxResult<Outcome> {
     let dir = tempfile::Builder::new().prefix("enqueue-").tempdir_in(base)?;
+    let fsync_before = fsync_latency(dir.path())?;
     let mut store = Store::new(&dir.path().join("device.db"), config.sync)?;
     // Warm up: statement caches, page cache, the first WAL checkpoints.
     for v in VARIANTS {
@@ -360,6 +363,7 @@ fn measure(config: &'static Config, base: &Path, rounds: usize, slice: Duration)
         config,
         tps,
         ratios: [ratio_of(1, 0), ratio_of(1, 2), ratio_of(2, 0)],
+        fsync_ms: [fsync_before, fsync_latency(dir.path())?],
     })
 }
 
@@ -404,6 +408,24 @@ fn fs_type(dir: &Path) -> String {
         .map_or_else(|| "unknown".into(), |(_, fs)| fs)
 }
 
+/// Median of a 4 KiB write plus `fdatasync` in `dir`, in milliseconds: what every commit at FULL
+/// waits for, so the FULL ratios can be read against it (on a VM it can change by 20x from one
+/// minute to the next).
+fn fsync_latency(dir: &Path) -> BoxResult<f64> {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut file = tempfile::tempfile_in(dir)?;
+    let page = [0x5a_u8; 4096];
+    let mut took = Vec::with_capacity(64);
+    for i in 0..64u64 {
+        file.seek(SeekFrom::Start((i % 16) * 4096))?;
+        file.write_all(&page)?;
+        let start = Instant::now();
+        file.sync_data()?;
+        took.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(quantile(took, 0.5))
+}
+
 fn payload_size() -> BoxResult<usize> {
     let mut orders = Orders::new();
     let mut buf = Vec::new();
@@ -443,6 +465,7 @@ fn main() -> BoxResult<()> {
         slice.as_secs_f64()
     );
     println!("  databases in {} ({fs})", base.display());
+    println!("  fsync ms: median 4 KiB write + fdatasync there, probed before and after each configuration");
     if matches!(fs.as_str(), "tmpfs" | "ramfs") {
         println!("  WARNING: {fs} is memory, not disk: FULL figures mean nothing; set EDGE_OUTBOX_BENCH_DIR");
     }
@@ -455,8 +478,15 @@ fn main() -> BoxResult<()> {
     }
 
     println!(
-        "{:<17} {:>10} {:>10} {:>10}   {:<18} {:<18} {:<18}",
-        "configuration", "a tx/s", "b tx/s", "c tx/s", "b/a [p25-p75]", "b/c [p25-p75]", "c/a [p25-p75]"
+        "{:<17} {:>10} {:>10} {:>10}   {:<18} {:<18} {:<18} {:>11}",
+        "configuration",
+        "a tx/s",
+        "b tx/s",
+        "c tx/s",
+        "b/a [p25-p75]",
+        "b/c [p25-p75]",
+        "c/a [p25-p75]",
+        "fsync ms"
     );
     for o in &outcomes {
         let r = |i: usize| {
@@ -466,14 +496,15 @@ fn main() -> BoxResult<()> {
             )
         };
         println!(
-            "{:<17} {:>10.0} {:>10.0} {:>10.0}   {:<18} {:<18} {:<18}",
+            "{:<17} {:>10.0} {:>10.0} {:>10.0}   {:<18} {:<18} {:<18} {:>11}",
             o.config.label,
             o.tps[0],
             o.tps[1],
             o.tps[2],
             r(0),
             r(1),
-            r(2)
+            r(2),
+            format!("{:.2}/{:.2}", o.fsync_ms[0], o.fsync_ms[1])
         );
     }
     println!();
