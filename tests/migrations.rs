@@ -243,3 +243,18 @@ fn invalid_options_are_refused_before_the_file_is_created() -> TestResult {
     assert!(!path.exists(), "an invalid configuration created the file");
     Ok(())
 }
+
+#[test]
+fn opening_an_up_to_date_file_takes_no_write_lock() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("busy.db");
+    edge_outbox::Outbox::open(&path).expect("create");
+    // Another connection holds the write lock, as an application's long transaction would.
+    let writer = rusqlite::Connection::open(&path).expect("writer");
+    writer.execute_batch("BEGIN IMMEDIATE").expect("lock");
+    let options = edge_outbox::Options::new().busy_timeout(std::time::Duration::from_millis(50));
+    let reopened =
+        edge_outbox::Outbox::open_with(&path, options).expect("open while another connection writes");
+    assert_eq!(reopened.stats().expect("stats").pending_messages, 0);
+    writer.execute_batch("COMMIT").expect("commit");
+}

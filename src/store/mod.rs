@@ -128,8 +128,22 @@ impl Outbox {
     }
 
     /// Stores one delivery of a command in the inbox (the receive step). See [`Received`].
+    ///
+    /// The delivery is on disk when this returns, whatever the [`Synchronous`] mode: the caller
+    /// acknowledges the broker next, and a command a power cut then erased would be lost for good.
     pub fn receive(&self, topic: &str, bytes: &[u8]) -> Result<Received> {
-        inbox::receive(&self.lock(), &self.shared.options, topic, bytes)
+        let conn = self.lock();
+        if self.shared.options.synchronous == Synchronous::Full {
+            return inbox::receive(&conn, &self.shared.options, topic, bytes);
+        }
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        let received = inbox::receive(&conn, &self.shared.options, topic, bytes);
+        conn.pragma_update(
+            None,
+            "synchronous",
+            self.shared.options.synchronous.pragma_value(),
+        )?;
+        received
     }
 
     /// Applies the oldest due command (the apply step): runs `handler` in one transaction that

@@ -18,16 +18,23 @@ pub(crate) fn connect(path: &Path, options: &Options) -> Result<Connection> {
     let on_open = |e: rusqlite::Error| classify_open_error(path, e);
     let mut conn = Connection::open(path).map_err(on_open)?;
     conn.busy_timeout(options.busy_timeout).map_err(on_open)?;
-    // auto_vacuum only takes effect before the first table exists, so set it before WAL mode
-    // writes the header; on an existing file it is a no-op.
-    conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+    // WAL mode is a property of the file: once set, reopening needs no lock at all, so a
+    // connection opens while another one holds a long write transaction.
+    let current: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
         .map_err(on_open)?;
-    let mode = switch_to_wal(&conn, options.busy_timeout).map_err(on_open)?;
-    if !mode.eq_ignore_ascii_case("wal") {
-        return Err(Error::InvalidConfig(format!(
-            "{} cannot use WAL mode (got {mode}); put the database on a local file system",
-            path.display()
-        )));
+    if !current.eq_ignore_ascii_case("wal") {
+        // auto_vacuum only takes effect before the first table exists, so set it before WAL
+        // mode writes the header; on an existing file it is a no-op.
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+            .map_err(on_open)?;
+        let mode = switch_to_wal(&conn, options.busy_timeout).map_err(on_open)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(Error::InvalidConfig(format!(
+                "{} cannot use WAL mode (got {mode}); put the database on a local file system",
+                path.display()
+            )));
+        }
     }
     conn.pragma_update(None, "synchronous", options.synchronous.pragma_value())?;
     conn.pragma_update(None, "journal_size_limit", options.wal_size_limit)?;

@@ -142,7 +142,12 @@ pub(crate) fn version(conn: &Connection) -> Result<i64> {
 
 /// Brings the schema up to [`SCHEMA_VERSION`], one transaction per step; idempotent.
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {
-    check_not_newer(version(conn)?)?;
+    let found = version(conn)?;
+    check_not_newer(found)?;
+    if found == SCHEMA_VERSION {
+        // Up to date: take no write lock, so opening works while another connection writes.
+        return Ok(());
+    }
     for (i, sql) in MIGRATIONS.iter().enumerate() {
         let target = i as i64 + 1;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;

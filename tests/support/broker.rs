@@ -97,6 +97,7 @@ pub struct BrokerBuilder {
     tls: Option<TlsListener>,
     max_packet_size: Option<usize>,
     extra_config: Vec<String>,
+    stock: bool,
 }
 
 impl BrokerBuilder {
@@ -135,11 +136,26 @@ impl BrokerBuilder {
         self
     }
 
+    /// mosquitto only: the broker as users deploy it, for benchmarks. The config holds only what
+    /// running it here needs (a listener, anonymous access, a log file, `user root` as root), none
+    /// of the test tuning (`max_queued_messages 0`, ...): `persistence`, `max_packet_size` and
+    /// `mosquitto_option` are ignored, and `tls` is refused.
+    pub fn stock_config(mut self, on: bool) -> Self {
+        self.stock = on;
+        self
+    }
+
     pub fn start(self) -> io::Result<Broker> {
         let kind = match self.kind {
             Some(k) => k,
             None => BrokerKind::from_env()?,
         };
+        if self.stock && self.tls.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "stock_config has no TLS listener",
+            ));
+        }
         let broker = match kind {
             BrokerKind::Mosquitto => Broker::start_mosquitto(self)?,
             BrokerKind::Rumqttd => {
@@ -463,6 +479,12 @@ impl Mosquitto {
             c.push_str("user root\n");
         }
         c.push_str(&format!("log_dest file {}\n", self.log.display()));
+        if b.stock {
+            c.push_str(&format!("allow_anonymous true\nlistener {port} 127.0.0.1\n"));
+            let mut f = fs::File::create(&self.config)?;
+            f.write_all(c.as_bytes())?;
+            return f.sync_all();
+        }
         c.push_str("log_type error\nlog_type warning\nlog_type notice\nlog_type information\n");
         c.push_str("connection_messages true\nlog_timestamp true\n");
         c.push_str("allow_anonymous true\n");
@@ -571,46 +593,7 @@ fn running_as_root() -> bool {
         .unwrap_or(false)
 }
 
-/// rumqttd 0.20 config built in code (its sample config binds 0.0.0.0 and opens a console port).
-fn rumqttd_config(listen: SocketAddr, max_packet: usize) -> rumqttd::Config {
-    let connections = rumqttd::ConnectionSettings {
-        // Time a new TCP connection has to send CONNECT.
-        connection_timeout_ms: 5_000,
-        // Checked against each incoming packet's remaining length.
-        max_payload_size: max_packet,
-        // Despite the name: how many incoming packets are read in one batch per connection.
-        max_inflight_count: 500,
-        auth: None,
-        external_auth: None,
-        dynamic_filters: true,
-    };
-    let server = rumqttd::ServerSettings {
-        name: format!("rumqttd-v4-{}", listen.port()),
-        listen,
-        tls: None,
-        next_connection_delay_ms: 1,
-        connections,
-    };
-    rumqttd::Config {
-        id: 0,
-        router: rumqttd::RouterConfig {
-            max_connections: 1_000,
-            max_outgoing_packet_count: 200,
-            // The commit log per filter: 10 segments of 100 MiB (allocated as used). A subscriber
-            // further behind than that loses messages, so keep it generous.
-            max_segment_size: 100 << 20,
-            max_segment_count: 10,
-            custom_segment: None,
-            initialized_filters: None,
-            shared_subscriptions_strategy: Default::default(),
-        },
-        v4: Some(HashMap::from([("1".to_owned(), server)])),
-        v5: None,
-        ws: None,
-        cluster: None,
-        console: None,
-        bridge: None,
-        prometheus: None,
-        metrics: None,
-    }
-}
+// The same rumqttd configuration as the demo's in-process broker: one piece serves both.
+#[path = "../../src/bin/edge-outbox/demo/rumqttd_config.rs"]
+mod rumqttd_config;
+use rumqttd_config::rumqttd_config;

@@ -102,6 +102,12 @@ impl From<edge_outbox::Error> for CliError {
     }
 }
 
+impl From<rusqlite::Error> for CliError {
+    fn from(e: rusqlite::Error) -> Self {
+        edge_outbox::Error::from(e).into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

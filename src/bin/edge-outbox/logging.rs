@@ -17,7 +17,10 @@ const ERASE_LINE: &[u8] = b"\r\x1b[2K";
 /// Installs the subscriber: `RUST_LOG` (e.g. `debug` or `edge_outbox=debug,rumqttc=warn`) if set
 /// and valid, else `default`.
 pub fn init(default: LevelFilter) {
-    let fallback = Targets::new().with_default(default);
+    // The demo's in-process broker logs every connection it sees close; that is not news here.
+    let fallback = Targets::new()
+        .with_default(default)
+        .with_target("rumqttd", LevelFilter::OFF);
     let filter = match std::env::var("RUST_LOG") {
         Ok(spec) if !spec.trim().is_empty() => spec.parse::<Targets>().unwrap_or_else(|e| {
             let _ = writeln!(

@@ -9,6 +9,8 @@
 mod db;
 mod dead_letters;
 mod decode;
+#[cfg(feature = "demo")]
+mod demo;
 mod exit;
 mod inbox;
 mod logging;
@@ -82,6 +84,13 @@ enum Command {
     DeadLetters(dead_letters::DeadLettersCommand),
     /// Publish the outbox (and receive commands) until SIGINT or SIGTERM.
     Relay(Box<relay::RelayArgs>),
+    /// The dual-write problem and its fix, with real processes and crashes: prints a table.
+    #[cfg(feature = "demo")]
+    Demo,
+    /// A demo device or consumer (started by `demo`).
+    #[cfg(feature = "demo")]
+    #[command(hide = true)]
+    DemoChild(demo::ChildArgs),
 }
 
 fn main() -> ExitCode {
@@ -100,6 +109,10 @@ fn main() -> ExitCode {
         Command::Inbox(args) => inbox::run(&cli.global, &args),
         Command::DeadLetters(command) => dead_letters::run(&cli.global, &command),
         Command::Relay(args) => relay::run(&cli.global, &args),
+        #[cfg(feature = "demo")]
+        Command::Demo => demo::run(&cli.global),
+        #[cfg(feature = "demo")]
+        Command::DemoChild(args) => demo::run_child(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
