@@ -1,0 +1,16 @@
+//! Any bytes: decoding an envelope returns a value or an error, never panics or hangs, and what
+//! decodes re-encodes to something that decodes to the same envelope.
+#![no_main]
+
+use edge_outbox::Envelope;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(env) = Envelope::decode(data) {
+        let again = Envelope::decode(&env.encode()).expect("a decoded envelope re-encodes validly");
+        assert_eq!(again, env);
+        // Payload decoding through serde: any CBOR value, and a typed one.
+        let _ = env.payload_as::<ciborium::Value>();
+        let _ = env.payload_as::<(String, u64)>();
+    }
+});
