@@ -98,14 +98,27 @@ fn classify_open_error(path: &Path, e: rusqlite::Error) -> Error {
     }
 }
 
+/// The file cannot be written: a read-only mount (which stops root too), or permissions.
 fn is_read_only(path: &Path) -> bool {
-    let file_ro = std::fs::metadata(path).is_ok_and(|m| m.permissions().readonly());
+    let refused = |e: &std::io::Error| {
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied
+        )
+    };
+    // Opening for append changes nothing, and asks the kernel rather than guessing from modes.
+    if OpenOptions::new()
+        .append(true)
+        .open(path)
+        .is_err_and(|e| refused(&e))
+    {
+        return true;
+    }
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let dir_ro = std::fs::metadata(dir).is_ok_and(|m| m.permissions().readonly());
-    file_ro || dir_ro
+    std::fs::metadata(dir).is_ok_and(|m| m.permissions().readonly())
 }
 
 /// Where an application's store lives by default: the platform data directory for `app`
