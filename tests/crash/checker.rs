@@ -194,7 +194,7 @@ impl FromRow for (String, i64) {
 pub fn print_table(verdicts: &[Verdict]) {
     println!();
     println!(
-        "{:<34} {:>6} {:>9} {:>9} {:>5} {:>9} {:>5} {:>7} {:>7} {:>8} {:>7} {:>6}",
+        "{:<36} {:>6} {:>9} {:>9} {:>5} {:>9} {:>5} {:>8} {:>7} {:>8} {:>7} {:>6}",
         "scenario",
         "faults",
         "committed",
@@ -210,7 +210,7 @@ pub fn print_table(verdicts: &[Verdict]) {
     );
     for v in verdicts {
         println!(
-            "{:<34} {:>6} {:>9} {:>9} {:>5} {:>9} {:>5} {:>7} {:>7} {:>8} {:>7} {:>6}",
+            "{:<36} {:>6} {:>9} {:>9} {:>5} {:>9} {:>5} {:>8} {:>7} {:>8} {:>7} {:>6}",
             v.scenario,
             v.faults,
             v.committed,

@@ -41,6 +41,9 @@ const READY: Duration = Duration::from_secs(30);
 pub fn failpoint(name: &str, nth: u32) -> Verdict {
     let mut lab = Lab::new(Broker::start().expect("broker"), false, 400);
     lab.env.push((DeviceEnv::KEEP_SENT, "1".into()));
+    // The device must not finish before the commands it is about to be sent arrive: the command
+    // failpoints are hit while applying them.
+    lab.env.push((DeviceEnv::COMMANDS, "6".into()));
     let mut device = lab.start(Some(&format!("{name}:{nth}")));
     assert!(
         device.wait_line("ready", READY),
@@ -54,6 +57,7 @@ pub fn failpoint(name: &str, nth: u32) -> Verdict {
         "{name}:{nth}: the failpoint was not hit ({status:?})"
     );
     lab.send_commands(2);
+    lab.env.retain(|(k, _)| *k != DeviceEnv::COMMANDS);
     lab.finish(&format!("failpoint {name}"), 1)
 }
 
