@@ -25,6 +25,11 @@
 //! per-round ratios, with its interquartile range. Still, with other work on the machine, run it
 //! twice: a noisy run shows as a wide interquartile range.
 //!
+//! `cargo bench` builds with the dev-dependencies, and one of them (rumqttd) turns on uuid's
+//! `fast-rng` feature, so ids are minted here without the `getrandom` syscall per id that a
+//! build of the crate alone pays (about 0.2 us more per message). The header prints what minting
+//! an id costs in this build.
+//!
 //! Environment:
 //! - `EDGE_OUTBOX_BENCH_SECS`: measuring budget for the whole run (default 120);
 //! - `EDGE_OUTBOX_BENCH_ROUNDS`: rounds per configuration (default 18);
@@ -39,7 +44,7 @@ use std::error::Error as StdError;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use edge_outbox::{Options, Outbox, Synchronous};
+use edge_outbox::{MessageId, Options, Outbox, Synchronous};
 use rusqlite::{Transaction, TransactionBehavior, params};
 use serde::Serialize;
 
@@ -426,6 +431,20 @@ fn fsync_latency(dir: &Path) -> BoxResult<f64> {
     Ok(quantile(took, 0.5))
 }
 
+/// What minting one message id costs here, in nanoseconds (best of five batches).
+fn id_cost_ns() -> f64 {
+    const N: u32 = 20_000;
+    (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            for _ in 0..N {
+                std::hint::black_box(MessageId::new_v7());
+            }
+            start.elapsed().as_secs_f64() * 1e9 / f64::from(N)
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
 fn payload_size() -> BoxResult<usize> {
     let mut orders = Orders::new();
     let mut buf = Vec::new();
@@ -463,6 +482,10 @@ fn main() -> BoxResult<()> {
         "  payload {} bytes of CBOR; {rounds} rounds of {:.2} s per variant in 25 ms turns; medians",
         payload_size()?,
         slice.as_secs_f64()
+    );
+    println!(
+        "  MessageId::new_v7 costs {:.0} ns here (uuid's fast-rng feature, if on, saves a getrandom syscall)",
+        id_cost_ns()
     );
     println!("  databases in {} ({fs})", base.display());
     println!("  fsync ms: median 4 KiB write + fdatasync there, probed before and after each configuration");
