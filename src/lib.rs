@@ -47,7 +47,7 @@ pub use mqtt::{MqttConfig, TlsConfig};
 pub use relay::{Relay, RelayConfig, Status};
 pub use store::{
     ApplyOutcome, Command, Committed, DeadLetter, Limits, Message, OnFull, Options, Origin, Outbox, Received,
-    SCHEMA_VERSION, Stats, Synchronous, Tx, default_path, enqueue,
+    SCHEMA_VERSION, Stats, Synchronous, Tx, default_path, enqueue, schema_version,
 };
 
 #[cfg(test)]

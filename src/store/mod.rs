@@ -20,7 +20,7 @@ pub(crate) use open::connect;
 pub use open::default_path;
 pub use options::{Limits, OnFull, Options, Synchronous};
 pub use outbox::{Committed, Message, Tx, enqueue};
-pub use schema::SCHEMA_VERSION;
+pub use schema::{SCHEMA_VERSION, schema_version};
 pub use stats::Stats;
 
 use crate::error::{Error, Result};
@@ -168,7 +168,7 @@ impl Outbox {
 
     /// Counters and ages for monitoring. Cheap: a few indexed reads, whatever the backlog.
     pub fn stats(&self) -> Result<Stats> {
-        stats::read(&self.lock())
+        Stats::read(&self.lock())
     }
 
     /// Dead letters, oldest first, at most `limit`.

@@ -120,8 +120,9 @@ CREATE TABLE dead_letters (
 "
 )];
 
-/// Reads the schema version; 0 for a file edge-outbox has never touched.
-pub(crate) fn version(conn: &Connection) -> Result<i64> {
+/// The schema version of the store `conn` is on: 0 for a file edge-outbox has never opened. Reads
+/// only, so it works on a read-only connection (the CLI checks a file with it before touching it).
+pub fn schema_version(conn: &Connection) -> Result<i64> {
     let has_meta: bool = conn.query_row(
         "SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'edge_outbox_meta')",
         [],
@@ -142,7 +143,7 @@ pub(crate) fn version(conn: &Connection) -> Result<i64> {
 
 /// Brings the schema up to [`SCHEMA_VERSION`], one transaction per step; idempotent.
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {
-    let found = version(conn)?;
+    let found = schema_version(conn)?;
     check_not_newer(found)?;
     if found == SCHEMA_VERSION {
         // Up to date: take no write lock, so opening works while another connection writes.
@@ -152,7 +153,7 @@ pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {
         let target = i as i64 + 1;
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         // Re-read under the write lock: another process may have migrated meanwhile.
-        let current = version(&tx)?;
+        let current = schema_version(&tx)?;
         check_not_newer(current)?;
         if current >= target {
             continue;

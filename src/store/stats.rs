@@ -32,7 +32,24 @@ pub struct Stats {
     pub inbox_applied: u64,
 }
 
-pub(crate) fn read(conn: &Connection) -> Result<Stats> {
+impl Stats {
+    /// Reads the stats over any connection to a store, a read-only one included, as one
+    /// snapshot (a read transaction when none is open). [`Outbox::stats`](crate::Outbox::stats)
+    /// is this on the handle's connection; the CLI uses it on a read-only one.
+    pub fn read(conn: &Connection) -> Result<Stats> {
+        let snapshot = conn
+            .is_autocommit()
+            .then(|| conn.unchecked_transaction())
+            .transpose()?;
+        let stats = read_now(conn)?;
+        if let Some(tx) = snapshot {
+            tx.finish()?;
+        }
+        Ok(stats)
+    }
+}
+
+fn read_now(conn: &Connection) -> Result<Stats> {
     let (pending_messages, pending_bytes, evicted, evicted_bytes) = conn
         .prepare_cached("SELECT pending_count, pending_bytes, evicted, evicted_bytes FROM outbox_counters")?
         .query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;

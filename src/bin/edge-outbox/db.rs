@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use edge_outbox::{Options, Outbox, SCHEMA_VERSION};
-use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension};
+use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 use crate::exit::{CliError, Code};
 use crate::{Global, Result};
@@ -88,28 +88,8 @@ pub fn open_outbox(global: &Global, path: &Path) -> Result<Outbox> {
     })
 }
 
-/// The schema version the file has: 0 when edge-outbox never opened it.
-pub fn schema_version(conn: &Connection) -> rusqlite::Result<i64> {
-    let has_meta: bool = conn.query_row(
-        "SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'edge_outbox_meta')",
-        [],
-        |r| r.get(0),
-    )?;
-    if !has_meta {
-        return Ok(0);
-    }
-    let v: Option<i64> = conn
-        .query_row(
-            "SELECT value FROM edge_outbox_meta WHERE name = 'schema_version'",
-            [],
-            |r| r.get(0),
-        )
-        .optional()?;
-    Ok(v.unwrap_or(0))
-}
-
 fn check_schema(conn: &Connection, path: &Path) -> Result<()> {
-    let version = schema_version(conn).map_err(|e| sqlite_error(path, e))?;
+    let version = edge_outbox::schema_version(conn).map_err(|e| library_error(path, e))?;
     if version == 0 {
         return Err(CliError::database(format!(
             "{} has no edge-outbox tables: check --db (the application, or `edge-outbox relay`, \
@@ -128,16 +108,31 @@ fn check_schema(conn: &Connection, path: &Path) -> Result<()> {
 }
 
 /// A SQLite error while reading `path`, said in terms an operator can act on.
+/// A library error on `path`: SQLite failures get the same path-specific messages as
+/// [`sqlite_error`]; the rest their documented codes.
+pub fn library_error(path: &Path, e: edge_outbox::Error) -> CliError {
+    match e {
+        edge_outbox::Error::Sqlite(e) => sqlite_error(path, e),
+        edge_outbox::Error::Busy => locked(path),
+        other => other.into(),
+    }
+}
+
+fn locked(path: &Path) -> CliError {
+    CliError::database(format!(
+        "{}: database is locked by another connection for longer than the busy timeout: \
+         retry, or raise --busy-timeout",
+        path.display()
+    ))
+}
+
 pub fn sqlite_error(path: &Path, e: rusqlite::Error) -> CliError {
     let p = path.display();
     match e.sqlite_error_code() {
         Some(ErrorCode::NotADatabase) => CliError::database(format!(
             "{p} is not an SQLite database (or is encrypted): check --db"
         )),
-        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => CliError::database(format!(
-            "{p}: database is locked by another connection for longer than the busy timeout: \
-             retry, or raise --busy-timeout"
-        )),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => locked(path),
         Some(ErrorCode::CannotOpen | ErrorCode::PermissionDenied) => CliError::database(format!(
             "cannot open {p}: {e} (check the permissions of the file and its directory)"
         )),

@@ -3,33 +3,27 @@
 use std::path::Path;
 use std::time::Duration;
 
-use edge_outbox::SCHEMA_VERSION;
-use rusqlite::{Connection, OptionalExtension};
+use edge_outbox::{SCHEMA_VERSION, Stats};
+use rusqlite::Connection;
 use serde_json::json;
 
-use crate::db::{self, sqlite_error};
+use crate::db;
 use crate::output::{self, age_ms, bytes, count, duration};
 use crate::relay_probe::{self, Probe};
 use crate::status_file::{self, RelayReport};
 use crate::{Global, Result};
 
-/// What `Outbox::stats` reports, read over the read-only connection (same SQL, same schema).
+/// The library's stats, read over the read-only connection, and the file's schema version.
 struct Counters {
     schema_version: i64,
-    pending_messages: u64,
-    pending_bytes: u64,
     oldest_pending_ms: Option<u64>,
-    evicted: u64,
-    evicted_bytes: u64,
-    dead_letters: u64,
-    inbox_unapplied: u64,
-    inbox_applied: u64,
+    stats: Stats,
 }
 
 pub fn run(global: &Global) -> Result<()> {
     let path = db::path(global)?;
     let conn = db::open_read(global, &path)?;
-    let counters = read(&conn).map_err(|e| sqlite_error(&path, e))?;
+    let counters = read(&conn).map_err(|e| db::library_error(&path, e))?;
     drop(conn);
     let relay = Relay::find(&path);
     let sizes = (db::file_size(&path), db::file_size(&db::sibling(&path, "-wal")));
@@ -40,33 +34,13 @@ pub fn run(global: &Global) -> Result<()> {
     }
 }
 
-/// One read transaction, so the numbers belong to one snapshot.
-fn read(conn: &Connection) -> rusqlite::Result<Counters> {
-    let tx = conn.unchecked_transaction()?;
-    let (pending_messages, pending_bytes, evicted, evicted_bytes) = tx.query_row(
-        "SELECT pending_count, pending_bytes, evicted, evicted_bytes FROM outbox_counters",
-        [],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-    )?;
-    let oldest: Option<i64> = tx
-        .query_row("SELECT created_at FROM outbox ORDER BY seq LIMIT 1", [], |r| {
-            r.get(0)
-        })
-        .optional()?;
-    let count = |sql: &str| tx.query_row(sql, [], |r| r.get::<_, u64>(0));
-    let counters = Counters {
-        schema_version: db::schema_version(&tx)?,
-        pending_messages,
-        pending_bytes,
-        oldest_pending_ms: oldest.map(age_ms),
-        evicted,
-        evicted_bytes,
-        dead_letters: count("SELECT count(*) FROM dead_letters")?,
-        inbox_unapplied: count("SELECT count(*) FROM inbox WHERE applied_at IS NULL AND dead_at IS NULL")?,
-        inbox_applied: count("SELECT count(*) FROM inbox WHERE applied_at IS NOT NULL")?,
-    };
-    tx.finish()?;
-    Ok(counters)
+fn read(conn: &Connection) -> edge_outbox::Result<Counters> {
+    let stats = Stats::read(conn)?;
+    Ok(Counters {
+        schema_version: edge_outbox::schema_version(conn)?,
+        oldest_pending_ms: stats.oldest_pending_age.map(|d| d.as_millis() as u64),
+        stats,
+    })
 }
 
 /// The relay as other processes can see it: the lock, and the status file if it is current.
@@ -120,13 +94,13 @@ fn to_json(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
         "file_bytes": file,
         "wal_bytes": wal,
         "pending": {
-            "messages": c.pending_messages,
-            "bytes": c.pending_bytes,
+            "messages": c.stats.pending_messages,
+            "bytes": c.stats.pending_bytes,
             "oldest_age_ms": c.oldest_pending_ms,
         },
-        "evicted": { "messages": c.evicted, "bytes": c.evicted_bytes },
-        "dead_letters": c.dead_letters,
-        "inbox": { "unapplied": c.inbox_unapplied, "applied": c.inbox_applied },
+        "evicted": { "messages": c.stats.evicted, "bytes": c.stats.evicted_bytes },
+        "dead_letters": c.stats.dead_letters,
+        "inbox": { "unapplied": c.stats.inbox_unapplied, "applied": c.stats.inbox_applied },
         "relay": {
             "running": relay.running(),
             "pid": pid,
@@ -147,8 +121,8 @@ fn to_text(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
         format!("size          {} file, {} WAL", bytes(file), bytes(wal)),
         format!(
             "pending       {}, {}{}",
-            count(c.pending_messages, "message"),
-            bytes(c.pending_bytes),
+            count(c.stats.pending_messages, "message"),
+            bytes(c.stats.pending_bytes),
             c.oldest_pending_ms.map_or(String::new(), |ms| format!(
                 ", the oldest waiting for {}",
                 duration(Duration::from_millis(ms))
@@ -156,13 +130,13 @@ fn to_text(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
         ),
         format!(
             "evicted       {}, {}",
-            count(c.evicted, "message"),
-            bytes(c.evicted_bytes)
+            count(c.stats.evicted, "message"),
+            bytes(c.stats.evicted_bytes)
         ),
-        format!("dead letters  {}", c.dead_letters),
+        format!("dead letters  {}", c.stats.dead_letters),
         format!(
             "inbox         {} unapplied, {} applied (ids kept for deduplication)",
-            c.inbox_unapplied, c.inbox_applied
+            c.stats.inbox_unapplied, c.stats.inbox_applied
         ),
     ];
     lines.extend(relay_lines(relay));
