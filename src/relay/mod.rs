@@ -4,6 +4,7 @@
 pub(crate) mod backoff;
 pub(crate) mod driver;
 mod lock;
+mod marker;
 mod publisher;
 mod rows;
 pub(crate) mod status;
@@ -20,6 +21,7 @@ use rumqttc::Client;
 use self::backoff::Backoff;
 use self::driver::{Flow, Signal, drive};
 use self::lock::RelayLock;
+use self::marker::{Marker, Marks};
 use self::publisher::{DEFAULT_SHUTDOWN_TIMEOUT, Msg, Publisher};
 pub use self::status::Status;
 use self::status::StatusCell;
@@ -205,9 +207,14 @@ impl Relay {
             None => None,
         };
         let relay_conn = connect(outbox.path(), outbox.options())?;
+        let marker_conn = connect(outbox.path(), outbox.options())?;
         // Losing a mark to a power cut only means publishing that row again, so the relay's own
         // writes skip the fsync: fewer flash writes, and throughput not bound by fdatasync.
         relay_conn.pragma_update(None, "synchronous", "NORMAL")?;
+        marker_conn.pragma_update(None, "synchronous", "NORMAL")?;
+        // The publisher's rare writes never checkpoint (the marker's and the application's do),
+        // so publishing never waits for one.
+        relay_conn.pragma_update(None, "wal_autocheckpoint", 0)?;
 
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
         let status = Arc::new(StatusCell::default());
@@ -222,7 +229,7 @@ impl Relay {
         let backoff = Backoff::new(config.backoff_min, config.backoff_max);
         let connect_timeout = config.mqtt.connect_timeout_value();
 
-        // Publishing session: one thread drives rumqttc, one feeds it rows and marks acks.
+        // Publishing session: one thread drives rumqttc, one feeds it rows, one marks acks.
         let (client, connection) = Client::new(publish_options, config.max_in_flight + 16);
         let (events_tx, events_rx) = crossbeam_channel::unbounded();
         {
@@ -234,8 +241,17 @@ impl Relay {
                 })
             })?;
         }
+        let (marks_tx, marks_rx) = crossbeam_channel::unbounded();
+        let marker = Marker {
+            conn: marker_conn,
+            options: outbox.options().clone(),
+            status: status.clone(),
+            rx: marks_rx,
+        };
+        relay.spawn_thread("edge-outbox-marker", move || marker.run())?;
         let publisher = Publisher {
             conn: relay_conn,
+            marks: Marks::new(marks_tx),
             options: outbox.options().clone(),
             config: config.clone(),
             client,

@@ -1,0 +1,135 @@
+//! The marker: a thread with its own connection that marks acknowledged rows (deletes them, or
+//! moves them to `outbox_sent`), so that the publisher never waits for a write.
+//!
+//! Marking was about two fifths of the publisher's time in a backlog drain, and SQLite's
+//! checkpoints run inside the commit that takes the WAL past 1000 pages: 10 to 20 ms, once every
+//! few thousand rows. While the publisher marked, PUBACKs queued and the in-flight window ran dry.
+//! Here marks and checkpoints only delay marks: the publisher hands over each batch of
+//! acknowledged sequence numbers and goes back to keeping the window full.
+//!
+//! A row is still never marked before its PUBACK: only acknowledged numbers are sent here. Before
+//! the publisher reads the outbox again from its oldest row (after a reconnect), it waits until
+//! every batch handed over is marked ([`Marks::sync`]), so that nothing acknowledged is published
+//! again needlessly.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use rusqlite::Connection;
+
+use super::rows;
+use super::status::StatusCell;
+use crate::error::Result;
+use crate::store::Options;
+
+/// What the publisher sends the marker.
+pub(crate) enum Mark {
+    /// Acknowledged rows, by sequence number.
+    Acked(Vec<i64>),
+    /// Reply once every batch sent before this one was marked (or failed to be).
+    Sync(Sender<()>),
+}
+
+/// After a failed mark, try again this long after.
+const RETRY: Duration = Duration::from_millis(200);
+
+/// The publisher's handle on the marker thread.
+pub(crate) struct Marks {
+    tx: Sender<Mark>,
+}
+
+impl Marks {
+    pub(crate) fn new(tx: Sender<Mark>) -> Self {
+        Marks { tx }
+    }
+
+    /// Hands `acked` over (and leaves it empty). False if the marker thread is gone.
+    pub(crate) fn send(&self, acked: &mut Vec<i64>) -> bool {
+        if acked.is_empty() {
+            return true;
+        }
+        let batch = std::mem::replace(acked, Vec::with_capacity(acked.capacity()));
+        self.tx.send(Mark::Acked(batch)).is_ok()
+    }
+
+    /// Hands `acked` over and waits until every batch so far is marked (or failed to be).
+    pub(crate) fn sync(&self, acked: &mut Vec<i64>) {
+        let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
+        if self.send(acked) && self.tx.send(Mark::Sync(reply_tx)).is_ok() {
+            let _ = reply_rx.recv();
+        }
+    }
+}
+
+pub(crate) struct Marker {
+    pub conn: Connection,
+    pub options: Options,
+    pub status: Arc<StatusCell>,
+    pub rx: Receiver<Mark>,
+}
+
+impl Marker {
+    /// Marks batches as they come, several at a time in one transaction when they queue up,
+    /// until the publisher is gone and everything it sent is marked (or failed twice).
+    pub(crate) fn run(mut self) -> Result<()> {
+        let mut pending: Vec<i64> = Vec::new();
+        let mut replies: Vec<Sender<()>> = Vec::new();
+        let mut open = true;
+        let mut failed = false;
+        while open || (!pending.is_empty() && !failed) {
+            // Wait for work; after a failure, retry what is pending a little later anyway.
+            let first = if !open {
+                None
+            } else if pending.is_empty() {
+                let m = self.rx.recv().ok();
+                open = m.is_some();
+                m
+            } else {
+                match self.rx.recv_timeout(RETRY) {
+                    Ok(m) => Some(m),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => {
+                        open = false;
+                        None
+                    }
+                }
+            };
+            let mut next = first;
+            loop {
+                match next.take() {
+                    Some(Mark::Acked(batch)) => pending.extend(batch),
+                    Some(Mark::Sync(reply)) => replies.push(reply),
+                    None => {}
+                }
+                match self.rx.try_recv() {
+                    Ok(m) => next = Some(m),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            }
+            if !pending.is_empty() {
+                match rows::mark_acked(&mut self.conn, &self.options, &pending) {
+                    Ok(()) => {
+                        pending.clear();
+                        failed = false;
+                    }
+                    // Keep them and retry: an unmarked row is only ever published again, never
+                    // lost. With the publisher gone, one more try, then they wait for next time.
+                    Err(e) => {
+                        tracing::error!(error = %e, rows = pending.len(), "could not mark acknowledged rows");
+                        self.status.set_error(format!("marking acknowledged rows: {e}"));
+                        failed = !open;
+                    }
+                }
+            }
+            for reply in replies.drain(..) {
+                let _ = reply.send(());
+            }
+        }
+        Ok(())
+    }
+}
