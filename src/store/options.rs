@@ -131,7 +131,7 @@ impl Limits {
     }
 }
 
-/// How to open a store. Every setter returns `Self`; [`Options::open`](crate::Options::open)
+/// How to open a store. Every setter returns `Self`; [`Outbox::open_with`](crate::Outbox::open_with)
 /// validates.
 ///
 /// | setting | default |
