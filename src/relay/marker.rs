@@ -49,7 +49,10 @@ impl Marks {
         if acked.is_empty() {
             return true;
         }
-        let batch = std::mem::replace(acked, Vec::with_capacity(acked.capacity()));
+        // A copy of exactly its length: batches queue up while the marker waits for the disk, and
+        // each must not carry the full capacity `acked` grew to (measured: several MiB of RSS).
+        let batch = acked.as_slice().to_vec();
+        acked.clear();
         self.tx.send(Mark::Acked(batch)).is_ok()
     }
 
@@ -112,7 +115,7 @@ impl Marker {
                 }
             }
             if !pending.is_empty() {
-                match rows::mark_acked(&mut self.conn, &self.options, &pending) {
+                match rows::mark_acked(&mut self.conn, &self.options, &mut pending) {
                     Ok(()) => {
                         pending.clear();
                         failed = false;

@@ -140,7 +140,11 @@ fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Resul
 /// Acknowledged rows mostly form runs of consecutive sequence numbers, so they are marked one run
 /// at a time (`seq BETWEEN first AND last`): one statement per run instead of one per row. A run
 /// holds only acknowledged numbers, so no other row is touched.
-pub(crate) fn mark_acked(conn: &mut Connection, options: &Options, seqs: &[i64]) -> Result<()> {
+///
+/// `seqs` is sorted and deduplicated in place (no copy: after a slow disk it can be long).
+pub(crate) fn mark_acked(conn: &mut Connection, options: &Options, seqs: &mut Vec<i64>) -> Result<()> {
+    seqs.sort_unstable();
+    seqs.dedup();
     let runs = runs(seqs);
     let half = seqs.len() / 2;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
@@ -177,13 +181,10 @@ pub(crate) fn mark_acked(conn: &mut Connection, options: &Options, seqs: &[i64])
     Ok(())
 }
 
-/// The distinct sequence numbers of `seqs`, as sorted runs of consecutive numbers `(first, last)`.
-fn runs(seqs: &[i64]) -> Vec<(i64, i64)> {
-    let mut sorted = seqs.to_vec();
-    sorted.sort_unstable();
-    sorted.dedup();
+/// Sorted, distinct sequence numbers as runs of consecutive numbers `(first, last)`.
+fn runs(sorted: &[i64]) -> Vec<(i64, i64)> {
     let mut runs: Vec<(i64, i64)> = Vec::new();
-    for seq in sorted {
+    for &seq in sorted {
         match runs.last_mut() {
             Some((_, last)) if *last + 1 == seq => *last = seq,
             _ => runs.push((seq, seq)),
@@ -244,9 +245,9 @@ mod tests {
     use super::runs;
 
     #[test]
-    fn runs_group_consecutive_numbers_in_any_order() {
+    fn runs_group_consecutive_numbers() {
         assert_eq!(runs(&[]), vec![]);
         assert_eq!(runs(&[5]), vec![(5, 5)]);
-        assert_eq!(runs(&[3, 1, 2, 7, 9, 8, 8, 11]), vec![(1, 3), (7, 9), (11, 11)]);
+        assert_eq!(runs(&[1, 2, 3, 7, 8, 9, 11]), vec![(1, 3), (7, 9), (11, 11)]);
     }
 }
