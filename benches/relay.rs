@@ -30,7 +30,7 @@
 //!
 //! Environment:
 //! - `EDGE_OUTBOX_BENCH_SCALE`: multiplies every count (default 1; 0.1 for a quick run);
-//! - `EDGE_OUTBOX_BENCH_ROUNDS`: drain rounds per variant (default 5, at least 3);
+//! - `EDGE_OUTBOX_BENCH_ROUNDS`: drain rounds per variant (default 7, at least 3);
 //! - `EDGE_OUTBOX_BENCH_WINDOW`: in-flight window (default 100);
 //! - `EDGE_OUTBOX_BENCH_SECTIONS`: comma-separated subset of `drain,latency,memory` (default all);
 //! - `EDGE_OUTBOX_BENCH_DIR`: where the databases go (default the cargo target tmp dir; a real
@@ -955,7 +955,7 @@ fn main() -> BoxResult<()> {
         return drain_child();
     }
     let scale = env_num("EDGE_OUTBOX_BENCH_SCALE", 1.0)?;
-    let rounds = (env_num("EDGE_OUTBOX_BENCH_ROUNDS", 5.0)?.round() as usize).max(3);
+    let rounds = (env_num("EDGE_OUTBOX_BENCH_ROUNDS", 7.0)?.round() as usize).max(3);
     let window = env_num("EDGE_OUTBOX_BENCH_WINDOW", 100.0)?.round() as usize;
     let sections =
         std::env::var("EDGE_OUTBOX_BENCH_SECTIONS").unwrap_or_else(|_| "drain,latency,memory".into());
