@@ -62,9 +62,16 @@ pub struct SubscriberBuilder {
     clean_session: bool,
     keep_alive: Duration,
     transport: Option<Transport>,
+    credentials: Option<(String, String)>,
 }
 
 impl SubscriberBuilder {
+    /// Username and password for a broker that requires them.
+    pub fn credentials(mut self, user: &str, password: &str) -> Self {
+        self.credentials = Some((user.to_owned(), password.to_owned()));
+        self
+    }
+
     /// The filter subscribed to on every ConnAck.
     pub fn filter(mut self, filter: impl Into<String>) -> Self {
         self.filter = Some(filter.into());
@@ -136,6 +143,9 @@ impl SubscriberBuilder {
             .set_max_packet_size(MAX_PACKET, MAX_PACKET);
         if let Some(t) = self.transport {
             opts.set_transport(t);
+        }
+        if let Some((user, password)) = self.credentials {
+            opts.set_credentials(user, password);
         }
         // Room for our own subscribe/disconnect requests and test publishes without blocking.
         let (client, mut connection) = Client::new(opts, 1_000);
@@ -210,6 +220,7 @@ impl Subscriber {
             clean_session: true,
             keep_alive: Duration::from_secs(5),
             transport: None,
+            credentials: None,
         }
     }
 
