@@ -39,6 +39,14 @@ pub fn order_key(n: i64) -> String {
     format!("k{}", n % KEYS as i64)
 }
 
+/// Says "ready" when the command session has just (re)subscribed.
+fn announce(subscribed: &mut bool, now: bool) {
+    if now && !*subscribed {
+        say("ready");
+    }
+    *subscribed = now;
+}
+
 /// Prints a protocol line for the orchestrator and flushes, so it is seen before a kill.
 fn say(line: &str) {
     let mut out = std::io::stdout().lock();
@@ -99,16 +107,15 @@ pub fn run() -> Result<(), Error> {
         Ok::<_, Error>(())
     })?;
 
-    let mut announced = false;
+    // "ready" on every (re)subscription of the command session, so the orchestrator knows when
+    // commands it sends will be queued for this device.
+    let mut subscribed = false;
     let next: i64 = outbox
         .with_connection(|c| c.query_row("SELECT coalesce(max(n), 0) + 1 FROM orders", [], |r| r.get(0)))?;
     let mut full_reported = false;
     let mut n = next;
     while n <= orders {
-        if !announced && relay.status()?.commands_connected {
-            say("ready");
-            announced = true;
-        }
+        announce(&mut subscribed, relay.status()?.commands_connected);
         let key = order_key(n);
         let result = outbox.transaction(|tx| {
             tx.execute("INSERT INTO orders VALUES (?1, ?2, ?3)", (n, &key, n * 10))?;
@@ -135,10 +142,7 @@ pub fn run() -> Result<(), Error> {
     // Publish everything and apply every expected command, then stop cleanly.
     loop {
         let status = relay.status()?;
-        if !announced && status.commands_connected {
-            say("ready");
-            announced = true;
-        }
+        announce(&mut subscribed, status.commands_connected);
         let applied: i64 = outbox.with_connection(|c| {
             c.query_row(
                 "SELECT count(*) FROM inbox WHERE applied_at IS NOT NULL",

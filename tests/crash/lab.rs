@@ -75,7 +75,7 @@ impl Lab {
         let (tx, rx) = crossbeam_channel::unbounded();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
+                if tx.send((Instant::now(), line)).is_err() {
                     break;
                 }
             }
@@ -163,16 +163,22 @@ impl Lab {
 /// A running device process.
 pub struct Device {
     child: Child,
-    lines: Receiver<String>,
+    /// Protocol lines, with when they were read.
+    lines: Receiver<(Instant, String)>,
 }
 
 impl Device {
     /// Waits for a protocol line from the device; false on timeout or exit.
     pub fn wait_line(&mut self, want: &str, timeout: Duration) -> bool {
+        self.wait_line_since(want, None, timeout)
+    }
+
+    /// Waits for a protocol line printed after `since` (older ones are skipped).
+    pub fn wait_line_since(&mut self, want: &str, since: Option<Instant>, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {
             match self.lines.recv_deadline(deadline) {
-                Ok(line) if line == want => return true,
+                Ok((at, line)) if line == want && since.is_none_or(|s| at >= s) => return true,
                 Ok(_) => {}
                 Err(_) => return false,
             }
