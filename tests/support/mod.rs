@@ -26,7 +26,7 @@ use std::time::Duration;
 
 /// Default bound for waits in tests: generous, because CI machines are slow, and only ever reached
 /// when something is broken (waits return as soon as their condition holds).
-pub const WAIT: Duration = Duration::from_secs(20);
+pub const WAIT: Duration = Duration::from_secs(45);
 
 /// Prints why a test is skipped, in a form that is easy to grep for in CI logs (`SKIPPED:`).
 pub fn skip(test: &str, reason: &str) {
