@@ -141,3 +141,20 @@ fn rows_that_can_never_be_published_are_dead_lettered_and_do_not_block_the_rest(
 fn serde_bytes_like(n: usize) -> Vec<u64> {
     (0..n as u64).map(|i| i * 1_000_003).collect()
 }
+
+#[test]
+fn a_window_wider_and_narrower_than_rumqttcs_default_delivers_everything_in_order() {
+    let broker = Broker::start().expect("broker");
+    let sub = Subscriber::start(broker.addr(), "orders/#").expect("subscriber");
+    for (i, window) in [1usize, 7, 300].into_iter().enumerate() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let outbox = open_device(dir.path());
+        let committed = support::device::commit_bulk(&outbox, &["a", "b"], 1000);
+        let config = relay_config(broker.addr(), &format!("window-{i}")).max_in_flight(window);
+        let relay = edge_outbox::Relay::start(&outbox, config).expect("relay");
+        check::wait_and_check(&sub, &committed, WAIT).unwrap_or_else(|e| panic!("window {window}: {e}"));
+        assert!(wait_drained(&outbox, WAIT), "window {window} drained");
+        relay.shutdown().expect("shutdown");
+        sub.take();
+    }
+}

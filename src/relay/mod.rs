@@ -201,7 +201,10 @@ impl Relay {
     fn spawn(outbox: &Outbox, config: RelayConfig, handler: Option<Handler>) -> Result<Relay> {
         config.validate()?;
         let lock = RelayLock::acquire(outbox.path())?;
-        let publish_options = config.mqtt.to_rumqttc(config.mqtt.id(), true)?;
+        let mut publish_options = config.mqtt.to_rumqttc(config.mqtt.id(), true)?;
+        // rumqttc's own in-flight limit (default 100) would otherwise cap the window whatever
+        // max_in_flight says; validate() keeps it within 1..=65535.
+        publish_options.set_inflight(u16::try_from(config.max_in_flight).unwrap_or(u16::MAX));
         let command_options = match &config.commands {
             Some(_) => Some(config.mqtt.to_rumqttc(&config.commands_client(), false)?),
             None => None,
