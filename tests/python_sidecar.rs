@@ -84,10 +84,7 @@ fn a_python_writer_and_a_killed_sidecar_relay_lose_nothing() {
     // Every row Python committed, read back from the file, must have arrived.
     let conn = rusqlite::Connection::open(&db).expect("open");
     let expected = 300;
-    let got_all = sub.wait_messages(WAIT, |m| {
-        let ids: std::collections::HashSet<_> = check::decode_all(m).into_iter().map(|e| e.id).collect();
-        ids.len() >= expected
-    });
+    let got_all = check::wait_for_unique(&sub, expected, WAIT);
     let readings: i64 = conn
         .query_row("SELECT count(*) FROM readings", [], |r| r.get(0))
         .expect("count");

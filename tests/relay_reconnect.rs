@@ -112,10 +112,7 @@ fn mosquitto_killed_and_restarted_mid_run() {
     // not the device's: the device's promise is that everything it had not seen acknowledged is
     // published again. So check everything committed from the kill on, all of it, in order.
     let from_kill: Vec<_> = committed[1000..].to_vec();
-    let all_arrived = sub.wait_messages(WAIT, |m| {
-        let ids: std::collections::HashSet<_> = check::decode_all(m).into_iter().map(|e| e.id).collect();
-        from_kill.iter().all(|(id, _)| ids.contains(id))
-    });
+    let all_arrived = check::wait_for_ids(&sub, from_kill.iter().map(|(id, _)| *id), WAIT);
     assert!(
         all_arrived,
         "messages committed during or after the outage were lost"

@@ -87,13 +87,46 @@ pub fn wait_and_check(
     committed: &[(MessageId, String)],
     timeout: std::time::Duration,
 ) -> Result<Delivery, String> {
-    let expected: HashSet<MessageId> = committed.iter().map(|(id, _)| *id).collect();
-    sub.wait_messages(timeout, |msgs| {
-        let got: HashSet<MessageId> = msgs
-            .iter()
-            .filter_map(|m| Envelope::decode(&m.payload).ok().map(|e| e.id))
-            .collect();
-        expected.is_subset(&got)
-    });
+    wait_for_ids(sub, committed.iter().map(|(id, _)| *id), timeout);
     check(committed, &decode_all(&sub.messages()))
+}
+
+/// Waits until every id in `ids` arrived at least once; false on timeout.
+///
+/// Incremental: each wake-up decodes only what arrived since the last one. The predicate runs
+/// with the subscriber's lock held, so re-decoding every message on every wake-up (quadratic)
+/// stalls the subscriber's own thread: with 40,000 messages in a debug build, delivery fell
+/// behind by more than the whole timeout.
+pub fn wait_for_ids(
+    sub: &super::Subscriber,
+    ids: impl IntoIterator<Item = MessageId>,
+    timeout: std::time::Duration,
+) -> bool {
+    let mut missing: HashSet<MessageId> = ids.into_iter().collect();
+    let mut decoded = 0;
+    sub.wait_messages(timeout, |msgs| {
+        for m in &msgs[decoded..] {
+            if let Ok(env) = Envelope::decode(&m.payload) {
+                missing.remove(&env.id);
+            }
+        }
+        decoded = msgs.len();
+        missing.is_empty()
+    })
+}
+
+/// Waits until at least `n` distinct message ids arrived; false on timeout. Incremental, like
+/// [`wait_for_ids`].
+pub fn wait_for_unique(sub: &super::Subscriber, n: usize, timeout: std::time::Duration) -> bool {
+    let mut seen = HashSet::new();
+    let mut decoded = 0;
+    sub.wait_messages(timeout, |msgs| {
+        for m in &msgs[decoded..] {
+            if let Ok(env) = Envelope::decode(&m.payload) {
+                seen.insert(env.id);
+            }
+        }
+        decoded = msgs.len();
+        seen.len() >= n
+    })
 }
