@@ -92,41 +92,46 @@ pub fn wait_and_check(
 }
 
 /// Waits until every id in `ids` arrived at least once; false on timeout.
-///
-/// Incremental: each wake-up decodes only what arrived since the last one. The predicate runs
-/// with the subscriber's lock held, so re-decoding every message on every wake-up (quadratic)
-/// stalls the subscriber's own thread: with 40,000 messages in a debug build, delivery fell
-/// behind by more than the whole timeout.
 pub fn wait_for_ids(
     sub: &super::Subscriber,
     ids: impl IntoIterator<Item = MessageId>,
     timeout: std::time::Duration,
 ) -> bool {
     let mut missing: HashSet<MessageId> = ids.into_iter().collect();
-    let mut decoded = 0;
-    sub.wait_messages(timeout, |msgs| {
-        for m in &msgs[decoded..] {
-            if let Ok(env) = Envelope::decode(&m.payload) {
-                missing.remove(&env.id);
-            }
+    wait_on_new_ids(sub, timeout, |new| {
+        for id in new {
+            missing.remove(&id);
         }
-        decoded = msgs.len();
         missing.is_empty()
     })
 }
 
-/// Waits until at least `n` distinct message ids arrived; false on timeout. Incremental, like
-/// [`wait_for_ids`].
+/// Waits until at least `n` distinct message ids arrived; false on timeout.
 pub fn wait_for_unique(sub: &super::Subscriber, n: usize, timeout: std::time::Duration) -> bool {
     let mut seen = HashSet::new();
+    wait_on_new_ids(sub, timeout, |new| {
+        seen.extend(new);
+        seen.len() >= n
+    })
+}
+
+/// Waits until `done` holds, handing it on each wake-up only the ids of envelopes that arrived
+/// since the last one (undecodable payloads are skipped here; `check` reports them).
+///
+/// The predicate runs with the subscriber's lock held, so re-decoding every message on every
+/// wake-up (quadratic) stalls the subscriber's own thread: with 40,000 messages in a debug build,
+/// delivery fell behind by more than the whole timeout.
+fn wait_on_new_ids(
+    sub: &super::Subscriber,
+    timeout: std::time::Duration,
+    mut done: impl FnMut(&mut dyn Iterator<Item = MessageId>) -> bool,
+) -> bool {
     let mut decoded = 0;
     sub.wait_messages(timeout, |msgs| {
-        for m in &msgs[decoded..] {
-            if let Ok(env) = Envelope::decode(&m.payload) {
-                seen.insert(env.id);
-            }
-        }
+        let mut new = msgs[decoded..]
+            .iter()
+            .filter_map(|m| Envelope::decode(&m.payload).ok().map(|e| e.id));
         decoded = msgs.len();
-        seen.len() >= n
+        done(&mut new)
     })
 }
