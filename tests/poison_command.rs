@@ -300,3 +300,28 @@ fn dead_letters_can_be_retried_with_fresh_attempts_or_dropped() -> TestResult {
     );
     Ok(())
 }
+
+#[test]
+fn a_dropped_dead_command_is_forgotten_after_the_retention_like_an_applied_one() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    let outbox = open(&path, fast_retries().inbox_retention(Duration::ZERO))?;
+    let poison = receive(&outbox, "k", 1)?;
+    while !matches!(
+        apply_when_due(&outbox, handler(poison))?,
+        ApplyOutcome::DeadLettered { .. }
+    ) {}
+    let inbox_rows = |outbox: &Outbox| query_i64(outbox, "SELECT count(*) FROM inbox");
+
+    // While its dead letter exists the inbox row stays whatever the retention: a retry needs it.
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(outbox.prune()?, 0);
+    assert_eq!(inbox_rows(&outbox)?, 1);
+
+    // Dropped: its id is kept for the retention (a redelivery meanwhile is a duplicate), then
+    // pruned like an applied command's, so dropped commands do not pile up in the inbox.
+    outbox.drop_dead_letter(outbox.dead_letters(10)?[0].dead_letter_id)?;
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(outbox.prune()?, 1);
+    assert_eq!(inbox_rows(&outbox)?, 0);
+    Ok(())
+}

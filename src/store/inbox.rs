@@ -317,9 +317,16 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("non-text panic payload")
 }
 
-/// Deletes applied commands older than the retention.
+/// Deletes the ids of commands applied, or dead and no longer in the dead letters, longer ago than
+/// the retention. A dead command whose dead letter still exists keeps its row: retrying the dead
+/// letter puts that row back in line.
 pub(crate) fn prune(conn: &Connection, options: &Options) -> Result<u64> {
     let cutoff = now_ms().saturating_sub(ms(options.inbox_retention));
-    let n = conn.execute("DELETE FROM inbox WHERE applied_at < ?1", [cutoff])?;
-    Ok(n as u64)
+    let applied = conn.execute("DELETE FROM inbox WHERE applied_at < ?1", [cutoff])?;
+    let dropped = conn.execute(
+        "DELETE FROM inbox WHERE dead_at < ?1 AND NOT EXISTS (
+             SELECT 1 FROM dead_letters d WHERE d.origin = 'inbox' AND d.message_id = inbox.id)",
+        [cutoff],
+    )?;
+    Ok((applied + dropped) as u64)
 }

@@ -189,8 +189,8 @@ impl Outbox {
         dead_letters::drop(&self.lock(), dead_letter_id)
     }
 
-    /// Deletes applied command ids older than the inbox retention and sent rows older than the
-    /// sent retention, then returns free pages to the file system. Returns the rows deleted.
+    /// Deletes the ids of applied commands (and of dead commands whose dead letter was dropped)
+    /// older than the inbox retention and sent rows older than the sent retention, then returns free pages to the file system. Returns the rows deleted.
     pub fn prune(&self) -> Result<u64> {
         let conn = self.lock();
         let deleted =

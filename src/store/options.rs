@@ -207,9 +207,10 @@ impl Options {
         self
     }
 
-    /// How long applied command ids are kept to recognise redeliveries (default 7 days). Make it
-    /// longer than any redelivery or replay the broker and operators can make: a command
-    /// redelivered after its id was pruned is applied again.
+    /// How long the ids of applied commands (and of dead ones whose dead letter was dropped) are
+    /// kept to recognise redeliveries (default 7 days), counted from when they were applied or
+    /// died. Make it longer than any redelivery or replay the broker and operators can make: a
+    /// command redelivered after its id was pruned is applied again.
     pub fn inbox_retention(mut self, retention: Duration) -> Self {
         self.inbox_retention = retention;
         self

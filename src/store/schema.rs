@@ -100,6 +100,8 @@ CREATE TABLE inbox (
 CREATE INDEX inbox_unapplied ON inbox (seq) WHERE applied_at IS NULL AND dead_at IS NULL;
 CREATE INDEX inbox_unapplied_by_key ON inbox (key, seq) WHERE applied_at IS NULL AND dead_at IS NULL;
 CREATE INDEX inbox_applied ON inbox (applied_at) WHERE applied_at IS NOT NULL;
+-- Dead commands, for pruning the ones whose dead letter was dropped.
+CREATE INDEX inbox_dead ON inbox (dead_at) WHERE dead_at IS NOT NULL;
 
 CREATE TABLE dead_letters (
     dl_id      INTEGER PRIMARY KEY AUTOINCREMENT,
