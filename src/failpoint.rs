@@ -3,7 +3,9 @@
 //! program would; the kernel still writes out what SQLite handed it, so this models a process
 //! crash, not a machine one (see docs/reliability.md for the power-loss tests).
 //!
-//! `EDGE_OUTBOX_FAILPOINT=name` aborts at the first hit of `name`; `name:N` at the N-th.
+//! `EDGE_OUTBOX_FAILPOINT=name` aborts at the first hit of `name`; `name:N` at the N-th;
+//! `name:N:panic` panics the hitting thread instead (a bug in one relay thread, which the rest of
+//! the process must notice).
 
 /// Every failpoint name, so a test can check it named one that exists.
 pub const FAILPOINTS: &[&str] = &[
@@ -12,6 +14,7 @@ pub const FAILPOINTS: &[&str] = &[
     "mid-mark",
     "command-stored-before-ack",
     "handler-mid-effect",
+    "relay-loop",
 ];
 
 /// Aborts the process if `name` is the armed failpoint and this is the armed hit.
@@ -19,20 +22,26 @@ pub const FAILPOINTS: &[&str] = &[
 pub fn hit(name: &str) {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU64, Ordering};
-    static ARMED: OnceLock<Option<(String, u64)>> = OnceLock::new();
+    static ARMED: OnceLock<Option<(String, u64, bool)>> = OnceLock::new();
     static HITS: AtomicU64 = AtomicU64::new(0);
     let armed = ARMED.get_or_init(|| {
         let spec = std::env::var("EDGE_OUTBOX_FAILPOINT").ok()?;
-        let (name, nth) = match spec.split_once(':') {
-            Some((n, k)) => (n.to_owned(), k.parse().unwrap_or(1)),
-            None => (spec, 1),
-        };
-        Some((name, nth.max(1)))
+        let mut parts = spec.split(':');
+        let name = parts.next()?.to_owned();
+        let nth: u64 = parts.next().and_then(|k| k.parse().ok()).unwrap_or(1);
+        let panic = parts.next() == Some("panic");
+        Some((name, nth.max(1), panic))
     });
-    if let Some((armed, nth)) = armed
+    if let Some((armed, nth, panic)) = armed
         && armed == name
         && HITS.fetch_add(1, Ordering::SeqCst) + 1 == *nth
     {
+        if *panic {
+            #[allow(clippy::panic, reason = "a panic is what this failpoint injects")]
+            {
+                panic!("failpoint {name} hit");
+            }
+        }
         eprintln!("edge-outbox: failpoint {name} hit: aborting");
         std::process::abort();
     }

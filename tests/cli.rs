@@ -527,10 +527,21 @@ struct RelayProcess {
 
 impl RelayProcess {
     fn spawn(db: &Path, broker: &Broker, client_id: &str, extra: &[&str]) -> std::io::Result<Self> {
+        Self::spawn_env(db, broker, client_id, extra, &[])
+    }
+
+    fn spawn_env(
+        db: &Path,
+        broker: &Broker,
+        client_id: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> std::io::Result<Self> {
         let stderr = db.with_extension(format!("{client_id}.stderr"));
         let url = format!("mqtt://127.0.0.1:{}", broker.port());
         let mut cmd = edge_outbox(&["relay", "--broker", &url, "--client-id", client_id]);
         cmd.args(extra)
+            .envs(env.iter().copied())
             .arg("--db")
             .arg(db)
             .stdout(File::create(db.with_extension(format!("{client_id}.stdout")))?)
@@ -695,5 +706,29 @@ fn relay_stops_on_sigint_and_reports_in_json() -> TestResult {
     assert_eq!(summary["stopped_by"], "SIGINT");
     assert_eq!(summary["pending"], 0);
     assert!(relay.log().contains("created a new one"), "{}", relay.log());
+    Ok(())
+}
+
+/// A relay thread that dies (here a panic injected by a failpoint: the threads retry every error
+/// they expect, so only a bug ends one) ends the process with exit 1, naming the thread, instead of
+/// leaving a sidecar running that no longer publishes.
+#[cfg(feature = "failpoints")]
+#[test]
+fn relay_exits_1_when_a_relay_thread_dies() -> TestResult {
+    let broker = Broker::start()?;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("device.db");
+    let env = [("EDGE_OUTBOX_FAILPOINT", "relay-loop:20:panic")];
+    let mut relay = RelayProcess::spawn_env(&db, &broker, "cli-dies", &[], &env)?;
+    assert_eq!(relay.wait(WAIT)?, Some(1), "relay log: {}", relay.log());
+    let log = relay.log();
+    assert!(
+        log.contains("a relay thread stopped") && log.contains("edge-outbox-relay"),
+        "{log}"
+    );
+    assert!(
+        !dir.path().join("device.db.relay-status.json").exists(),
+        "the status file is removed"
+    );
     Ok(())
 }

@@ -172,6 +172,9 @@ pub struct Relay {
     stop: Option<Sender<()>>,
     threads: Vec<JoinHandle<Result<()>>>,
     command_client: Option<Client>,
+    /// The publishing session's handle, used only if the publisher thread died (see
+    /// `stop_and_join`).
+    publish_client: Option<Client>,
     status: Arc<StatusCell>,
     outbox: Outbox,
     lock: Option<RelayLock>,
@@ -225,6 +228,7 @@ impl Relay {
             stop: Some(stop_tx),
             threads: Vec::new(),
             command_client: None,
+            publish_client: None,
             status: status.clone(),
             outbox: outbox.clone(),
             lock: Some(lock),
@@ -234,6 +238,7 @@ impl Relay {
 
         // Publishing session: one thread drives rumqttc, one feeds it rows, one marks acks.
         let (client, connection) = Client::new(publish_options, config.max_in_flight + 16);
+        relay.publish_client = Some(client.clone());
         let (events_tx, events_rx) = crossbeam_channel::unbounded();
         {
             let stop = stop_rx.clone();
@@ -263,7 +268,7 @@ impl Relay {
             stop: stop_rx.clone(),
             status: status.clone(),
         };
-        relay.spawn_thread("edge-outbox-relay", move || publisher.run())?;
+        relay.spawn_thread(PUBLISHER_THREAD, move || publisher.run())?;
 
         if let (Some(filter), Some(options)) = (&config.commands, command_options) {
             let (client, connection) = Client::new(options, 1024);
@@ -322,6 +327,15 @@ impl Relay {
         Ok(self.status.snapshot(self.outbox.stats()?))
     }
 
+    /// True once any of the relay's threads has ended. They retry database and network errors and
+    /// run until [`shutdown`](Self::shutdown), so before that this means one failed (a bug: a
+    /// panic) and the relay no longer publishes or receives: call `shutdown` for the error.
+    /// A supervisor polls this to exit, and be restarted, instead of idling (`edge-outbox relay`
+    /// exits with code 1).
+    pub fn is_finished(&self) -> bool {
+        self.threads.iter().any(JoinHandle::is_finished)
+    }
+
     /// Stops taking new rows, waits (up to the shutdown timeout) for in-flight PUBACKs, marks
     /// them, disconnects both sessions and joins every thread. Returns the first thread's error.
     pub fn shutdown(mut self) -> Result<()> {
@@ -335,16 +349,21 @@ impl Relay {
             let _ = client.try_disconnect();
         }
         let mut first_error = None;
+        // The publisher first: it ends the publishing session itself, with a DISCONNECT once its
+        // in-flight messages are acknowledged. If it died instead, nothing would tell the
+        // connection thread to stop before the next keep-alive: send the DISCONNECT here.
+        if let Some(i) = self
+            .threads
+            .iter()
+            .position(|h| h.thread().name() == Some(PUBLISHER_THREAD))
+        {
+            join_thread(self.threads.remove(i), &mut first_error);
+        }
+        if let Some(client) = self.publish_client.take() {
+            let _ = client.try_disconnect();
+        }
         for handle in self.threads.drain(..) {
-            let name = handle.thread().name().unwrap_or("edge-outbox").to_owned();
-            let result = match handle.join() {
-                Ok(result) => result,
-                Err(_) => Err(Error::Panicked(name.clone())),
-            };
-            if let Err(e) = result {
-                tracing::error!(thread = %name, error = %e, "relay thread failed");
-                first_error.get_or_insert(e);
-            }
+            join_thread(handle, &mut first_error);
         }
         self.lock.take();
         first_error.map_or(Ok(()), Err)
@@ -365,6 +384,22 @@ impl std::fmt::Debug for Relay {
             .field("path", &self.outbox.path())
             .field("threads", &self.threads.len())
             .finish_non_exhaustive()
+    }
+}
+
+/// The publisher thread's name: `stop_and_join` joins it before the others.
+const PUBLISHER_THREAD: &str = "edge-outbox-relay";
+
+/// Joins one relay thread; keeps the first error (a panic is [`Error::Panicked`]).
+fn join_thread(handle: JoinHandle<Result<()>>, first_error: &mut Option<Error>) {
+    let name = handle.thread().name().unwrap_or("edge-outbox").to_owned();
+    let result = match handle.join() {
+        Ok(result) => result,
+        Err(_) => Err(Error::Panicked(name.clone())),
+    };
+    if let Err(e) = result {
+        tracing::error!(thread = %name, error = %e, "relay thread failed");
+        first_error.get_or_insert(e);
     }
 }
 

@@ -88,6 +88,7 @@ impl Publisher {
         let mut stop = self.stop.clone();
         let mut burst = 0;
         loop {
+            crate::failpoint::hit("relay-loop");
             if s.connected && s.stopping.is_none() {
                 self.fill_window(&mut s);
             }

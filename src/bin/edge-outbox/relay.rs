@@ -38,7 +38,7 @@ While it runs, the relay rewrites <db>.relay-status.json every second; `edge-out
 shows it. A second SIGINT or SIGTERM while stopping exits at once (code 1); messages not yet \
 acknowledged stay pending and are published again on the next start.
 
-Exit codes: 0 stopped on a signal, 1 runtime error, 2 usage error (bad URL, TLS or password \
+Exit codes: 0 stopped on a signal, 1 runtime error (also: a relay thread stopped), 2 usage error (bad URL, TLS or password \
 file), 3 database error, 4 another relay runs on this database.")]
 pub struct RelayArgs {
     /// mqtt://HOST[:PORT] (plain TCP, default port 1883) or mqtts://HOST[:PORT] (TLS, default
@@ -111,6 +111,17 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
     }
     .until_signal(&relay, signals, &stopping)?;
 
+    let Some(signal) = signal else {
+        // A relay thread ended on its own: exit 1 so a supervisor restarts the relay, rather than
+        // idle while nothing is published.
+        let result = relay.shutdown();
+        status_file::remove(&path);
+        logging::clear_line();
+        let why = result
+            .err()
+            .map_or_else(|| "no error reported".to_owned(), |e| e.to_string());
+        return Err(CliError::runtime(format!("a relay thread stopped: {why}")));
+    };
     let name = signal_name(signal);
     tracing::info!(target: "edge_outbox::cli", signal = name, "stopping");
     let at_signal = relay.status().ok();
@@ -231,8 +242,13 @@ struct Watch<'a> {
 }
 
 impl Watch<'_> {
-    /// Reports until a signal arrives; returns it.
-    fn until_signal(self, relay: &Relay, signals: Signals, stopping: &Arc<AtomicBool>) -> Result<i32> {
+    /// Reports until a signal arrives (returns it) or a relay thread ends (returns None).
+    fn until_signal(
+        self,
+        relay: &Relay,
+        signals: Signals,
+        stopping: &Arc<AtomicBool>,
+    ) -> Result<Option<i32>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let handle = signals.handle();
         let stopping_flag = stopping.clone();
@@ -255,6 +271,9 @@ impl Watch<'_> {
         let mut last_log = Instant::now();
         let mut file_failed = false;
         let signal = loop {
+            if relay.is_finished() {
+                break None;
+            }
             if let Ok(s) = relay.status() {
                 if last_file.is_none_or(|t| t.elapsed() >= status_file::INTERVAL) {
                     last_file = Some(Instant::now());
@@ -275,9 +294,9 @@ impl Watch<'_> {
                 }
             }
             match rx.recv_timeout(tick) {
-                Ok(signal) => break signal,
+                Ok(signal) => break Some(signal),
                 Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break SIGTERM,
+                Err(RecvTimeoutError::Disconnected) => break Some(SIGTERM),
             }
         };
         handle.close();
