@@ -461,11 +461,13 @@ fn unique_id(prefix: &str) -> String {
 }
 
 /// Connects to `addr` (plain TCP), publishes one message, waits for its PUBACK (QoS 1), PUBCOMP
-/// (QoS 2) or for it to be written (QoS 0), then disconnects. Fails on a refused connection, on any
-/// other connection error, or after 10 s. The one exception: when the broker closes the connection
-/// (EOF) before everything is acknowledged, it reconnects up to [`RAW_RECLOSES`] times and resends
-/// what is unacknowledged, as any QoS 1 publisher does. Under load, rumqttd 0.20 now and then
-/// closes a fresh connection like that (seen here with two suites running at once).
+/// (QoS 2) or for it to be written (QoS 0), then disconnects. Fails on a refused connection (a
+/// CONNACK with an error code), on any other connection error, or after 10 s. The one exception:
+/// when the other end closes the connection (EOF, before or after its CONNACK) before everything
+/// is acknowledged, it reconnects up to [`RAW_RECLOSES`] times and resends what is unacknowledged,
+/// as any QoS 1 publisher does. Under load, rumqttd 0.20 now and then closes a fresh connection
+/// like that (seen here with two suites running at once; its router can drop a link while
+/// registering it).
 pub fn publish_raw(addr: SocketAddr, topic: &str, payload: &[u8], qos: QoS) -> io::Result<()> {
     publish_raw_many(addr, &[(topic, payload)], qos)
 }
