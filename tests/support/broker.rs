@@ -138,7 +138,7 @@ impl BrokerBuilder {
 
     /// mosquitto only: the broker as users deploy it, for benchmarks. The config holds only what
     /// running it here needs (a listener, anonymous access, a log file, `user root` as root), none
-    /// of the test tuning (`max_queued_messages 0`, ...): `persistence`, `max_packet_size` and
+    /// of the test tuning (`max_queued_messages`, ...): `persistence`, `max_packet_size` and
     /// `mosquitto_option` are ignored, and `tls` is refused.
     pub fn stock_config(mut self, on: bool) -> Self {
         self.stock = on;
@@ -490,7 +490,9 @@ impl Mosquitto {
         c.push_str("allow_anonymous true\n");
         // A checker must see everything the broker accepted: by default mosquitto drops QoS 1
         // messages for a subscriber that has more than 1000 queued, which would read as a loss.
-        c.push_str("max_queued_messages 0\nmax_queued_bytes 0\n");
+        // A large number rather than 0 ("no limit"): mosquitto 2.0.16 to 2.0.21 mishandle 0
+        // (dropping everything, or refusing publishes with QUOTA_EXCEEDED).
+        c.push_str("max_queued_messages 10000000\nmax_queued_bytes 0\n");
         if b.persistence {
             c.push_str(&format!("persistence true\npersistence_location {dir}/\n"));
             c.push_str("autosave_interval 1\n");
