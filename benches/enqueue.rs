@@ -40,9 +40,13 @@
 //!
 //! The output ends with one `bench: NAME VALUE` line per figure.
 
+mod common;
+
 use std::error::Error as StdError;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{Rng, now_ms};
 
 use edge_outbox::{MessageId, Options, Outbox, Synchronous};
 use rusqlite::{Transaction, TransactionBehavior, params};
@@ -129,24 +133,8 @@ fn insert_order(tx: &Transaction<'_>, o: &OrderPlaced<'_>) -> rusqlite::Result<(
     Ok(())
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
-/// splitmix64: the cheapest way to 16 random-looking bytes, for the floor.
-struct Rng(u64);
-
 impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
+    /// 16 random-looking bytes: the cheapest id, for the floor.
     fn id(&mut self) -> [u8; 16] {
         let mut id = [0; 16];
         id[..8].copy_from_slice(&self.next_u64().to_le_bytes());

@@ -39,6 +39,7 @@
 //! Requires mosquitto (on PATH, in /usr/sbin, or `EDGE_OUTBOX_MOSQUITTO`). The output ends with
 //! one `bench: NAME VALUE` line per figure.
 
+mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -51,8 +52,9 @@ use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use common::{Rng, now_ms};
 use crossbeam_channel::{Receiver, Sender};
 use edge_outbox::{Envelope, MessageId, MqttConfig, Options, Outbox, Relay, RelayConfig, Synchronous};
 use rumqttc::{Client, Event, MqttOptions, Outgoing, Packet, QoS};
@@ -110,25 +112,8 @@ fn topic(device: &str) -> String {
     format!("plant/line-3/{device}/telemetry")
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
-/// splitmix64, for the gaps between latency samples.
-struct Rng(u64);
-
 impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A gap of 1 to 4 ms.
+    /// A gap of 1 to 4 ms, between latency samples.
     fn gap(&mut self) -> Duration {
         Duration::from_micros(1_000 + self.next_u64() % 3_000)
     }
