@@ -38,8 +38,8 @@ While it runs, the relay rewrites <db>.relay-status.json every second; `edge-out
 shows it. A second SIGINT or SIGTERM while stopping exits at once (code 1); messages not yet \
 acknowledged stay pending and are published again on the next start.
 
-Exit codes: 0 stopped on a signal, 1 runtime error (also: a relay thread stopped), 2 usage error (bad URL, TLS or password \
-file), 3 database error, 4 another relay runs on this database.")]
+Exit codes: 0 stopped on a signal, 1 runtime error (also: a relay thread stopped), 2 usage \
+error (bad URL, TLS or password file), 3 database error, 4 another relay runs on this database.")]
 pub struct RelayArgs {
     /// mqtt://HOST[:PORT] (plain TCP, default port 1883) or mqtts://HOST[:PORT] (TLS, default
     /// port 8883, the system's CAs unless --ca).
@@ -111,24 +111,23 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
     }
     .until_signal(&relay, signals, &stopping)?;
 
+    if let Some(signal) = signal {
+        tracing::info!(target: "edge_outbox::cli", signal = signal_name(signal), "stopping");
+    }
+    let at_signal = relay.status().ok();
+    let result = relay.shutdown();
+    status_file::remove(&path);
+    logging::clear_line();
     let Some(signal) = signal else {
         // A relay thread ended on its own: exit 1 so a supervisor restarts the relay, rather than
         // idle while nothing is published.
-        let result = relay.shutdown();
-        status_file::remove(&path);
-        logging::clear_line();
         let why = result
             .err()
             .map_or_else(|| "no error reported".to_owned(), |e| e.to_string());
         return Err(CliError::runtime(format!("a relay thread stopped: {why}")));
     };
-    let name = signal_name(signal);
-    tracing::info!(target: "edge_outbox::cli", signal = name, "stopping");
-    let at_signal = relay.status().ok();
-    let result = relay.shutdown();
-    status_file::remove(&path);
-    logging::clear_line();
     result.map_err(|e| CliError::runtime(format!("the relay stopped with an error: {e}")))?;
+    let name = signal_name(signal);
     let pending = outbox.stats().map(|s| s.pending_messages).ok();
     summarize(global, name, at_signal.as_ref(), pending)
 }
