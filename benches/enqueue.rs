@@ -46,7 +46,7 @@ use std::error::Error as StdError;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{Rng, now_ms};
+use common::{Rng, env_num, now_ms, quantile};
 
 use edge_outbox::{MessageId, Options, Outbox, Synchronous};
 use rusqlite::{Transaction, TransactionBehavior, params};
@@ -343,14 +343,10 @@ fn measure(config: &'static Config, base: &Path, rounds: usize, slice: Duration)
     }
     store.check(config.rows)?;
     let column = |f: &dyn Fn(&[f64; 3]) -> f64| -> Vec<f64> { per_round.iter().map(f).collect() };
-    let tps = [0, 1, 2].map(|i| quantile(column(&|t| t[i]), 0.5));
+    let tps = [0, 1, 2].map(|i| quantile(&column(&|t| t[i]), 0.5));
     let ratio_of = |num: usize, den: usize| {
         let v = column(&|t| t[num] / t[den]);
-        [
-            quantile(v.clone(), 0.5),
-            quantile(v.clone(), 0.25),
-            quantile(v, 0.75),
-        ]
+        [quantile(&v, 0.5), quantile(&v, 0.25), quantile(&v, 0.75)]
     };
     Ok(Outcome {
         config,
@@ -358,28 +354,6 @@ fn measure(config: &'static Config, base: &Path, rounds: usize, slice: Duration)
         ratios: [ratio_of(1, 0), ratio_of(1, 2), ratio_of(2, 0)],
         fsync_ms: [fsync_before, fsync_latency(dir.path())?],
     })
-}
-
-/// Linear-interpolated quantile `q` of `v` (not empty).
-fn quantile(mut v: Vec<f64>, q: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let pos = q * (v.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
-}
-
-fn env_num(name: &str, default: f64) -> BoxResult<f64> {
-    match std::env::var(name) {
-        Ok(s) => {
-            let v: f64 = s.trim().parse().map_err(|e| format!("{name}={s:?}: {e}"))?;
-            if v.is_finite() && v > 0.0 {
-                Ok(v)
-            } else {
-                Err(format!("{name} must be a positive number, got {s:?}").into())
-            }
-        }
-        Err(_) => Ok(default),
-    }
 }
 
 /// The file system type holding `dir`, from /proc/self/mounts (Linux; "unknown" elsewhere).
@@ -416,7 +390,7 @@ fn fsync_latency(dir: &Path) -> BoxResult<f64> {
         file.sync_data()?;
         took.push(start.elapsed().as_secs_f64() * 1e3);
     }
-    Ok(quantile(took, 0.5))
+    Ok(quantile(&took, 0.5))
 }
 
 /// What minting one message id costs here, in nanoseconds (best of five batches).

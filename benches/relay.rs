@@ -54,7 +54,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{Rng, now_ms};
+use common::{Rng, env_num, median, now_ms, quantile};
 use crossbeam_channel::{Receiver, Sender};
 use edge_outbox::{Envelope, MessageId, MqttConfig, Options, Outbox, Relay, RelayConfig, Synchronous};
 use rumqttc::{Client, Event, MqttOptions, Outgoing, Packet, QoS};
@@ -890,33 +890,6 @@ fn drain_child() -> BoxResult<()> {
 
 // ---------------------------------------------------------------------------------------------
 // Reporting
-
-/// Linear-interpolated quantile `q` of `v` (not empty).
-fn quantile(v: &[f64], q: f64) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    let pos = q * (v.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
-}
-
-fn median(v: &[f64]) -> f64 {
-    quantile(v, 0.5)
-}
-
-fn env_num(name: &str, default: f64) -> BoxResult<f64> {
-    match std::env::var(name) {
-        Ok(s) => {
-            let v: f64 = s.trim().parse().map_err(|e| format!("{name}={s:?}: {e}"))?;
-            if v.is_finite() && v > 0.0 {
-                Ok(v)
-            } else {
-                Err(format!("{name} must be a positive number, got {s:?}").into())
-            }
-        }
-        Err(_) => Ok(default),
-    }
-}
 
 fn verdict(ok: bool) -> &'static str {
     if ok { "met" } else { "MISSED" }

@@ -1,4 +1,5 @@
-//! What both benchmarks need: a wall-clock timestamp and a cheap deterministic generator.
+//! What both benchmarks need: a wall-clock timestamp, a cheap deterministic generator, quantiles
+//! and numeric settings from the environment.
 //! `mod common;` from `benches/*.rs`; each benchmark adds the draws it needs with its own `impl`.
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -20,5 +21,34 @@ impl Rng {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
+    }
+}
+
+/// Linear-interpolated quantile `q` of `v` (not empty).
+pub fn quantile(v: &[f64], q: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let pos = q * (v.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+}
+
+#[allow(dead_code, reason = "only the relay benchmark reports bare medians")]
+pub fn median(v: &[f64]) -> f64 {
+    quantile(v, 0.5)
+}
+
+/// A positive number from the environment variable `name`, or `default` when it is unset.
+pub fn env_num(name: &str, default: f64) -> Result<f64, String> {
+    match std::env::var(name) {
+        Ok(s) => {
+            let v: f64 = s.trim().parse().map_err(|e| format!("{name}={s:?}: {e}"))?;
+            if v.is_finite() && v > 0.0 {
+                Ok(v)
+            } else {
+                Err(format!("{name} must be a positive number, got {s:?}"))
+            }
+        }
+        Err(_) => Ok(default),
     }
 }
