@@ -46,7 +46,7 @@ use std::error::Error as StdError;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{Rng, env_num, now_ms, quantile};
+use common::{Rng, env_num, median, now_ms, quantile};
 
 use edge_outbox::{MessageId, Options, Outbox, Synchronous};
 use rusqlite::{Transaction, TransactionBehavior, params};
@@ -343,10 +343,10 @@ fn measure(config: &'static Config, base: &Path, rounds: usize, slice: Duration)
     }
     store.check(config.rows)?;
     let column = |f: &dyn Fn(&[f64; 3]) -> f64| -> Vec<f64> { per_round.iter().map(f).collect() };
-    let tps = [0, 1, 2].map(|i| quantile(&column(&|t| t[i]), 0.5));
+    let tps = [0, 1, 2].map(|i| median(&column(&|t| t[i])));
     let ratio_of = |num: usize, den: usize| {
         let v = column(&|t| t[num] / t[den]);
-        [quantile(&v, 0.5), quantile(&v, 0.25), quantile(&v, 0.75)]
+        [median(&v), quantile(&v, 0.25), quantile(&v, 0.75)]
     };
     Ok(Outcome {
         config,
@@ -390,7 +390,7 @@ fn fsync_latency(dir: &Path) -> BoxResult<f64> {
         file.sync_data()?;
         took.push(start.elapsed().as_secs_f64() * 1e3);
     }
-    Ok(quantile(&took, 0.5))
+    Ok(median(&took))
 }
 
 /// What minting one message id costs here, in nanoseconds (best of five batches).

@@ -190,7 +190,8 @@ impl Outbox {
     }
 
     /// Deletes the ids of applied commands (and of dead commands whose dead letter was dropped)
-    /// older than the inbox retention and sent rows older than the sent retention, then returns free pages to the file system. Returns the rows deleted.
+    /// older than the inbox retention and sent rows older than the sent retention, then returns
+    /// free pages to the file system. Returns the rows deleted.
     pub fn prune(&self) -> Result<u64> {
         let conn = self.lock();
         let deleted =

@@ -109,7 +109,7 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
         report,
         tty: std::io::stderr().is_terminal(),
     }
-    .until_signal(&relay, signals, &stopping)?;
+    .until_stop(&relay, signals, &stopping)?;
 
     if let Some(signal) = signal {
         tracing::info!(target: "edge_outbox::cli", signal = signal_name(signal), "stopping");
@@ -242,12 +242,7 @@ struct Watch<'a> {
 
 impl Watch<'_> {
     /// Reports until a signal arrives (returns it) or a relay thread ends (returns None).
-    fn until_signal(
-        self,
-        relay: &Relay,
-        signals: Signals,
-        stopping: &Arc<AtomicBool>,
-    ) -> Result<Option<i32>> {
+    fn until_stop(self, relay: &Relay, signals: Signals, stopping: &Arc<AtomicBool>) -> Result<Option<i32>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let handle = signals.handle();
         let stopping_flag = stopping.clone();
