@@ -25,6 +25,9 @@ impl DeviceEnv {
 }
 
 pub const COMMAND_FILTER: &str = "device/commands/#";
+/// The device's MQTT client ids: publishing, and the persistent command session.
+pub const CLIENT_ID: &str = "crash-device";
+pub const COMMAND_CLIENT_ID: &str = "crash-device-commands";
 pub const KEYS: usize = 5;
 
 fn var(name: &str) -> Option<String> {
@@ -84,11 +87,12 @@ pub fn run() -> Result<(), Error> {
         .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
         .ok_or_else(|| Error::InvalidConfig(format!("bad broker address {broker}")))?;
     let mqtt = MqttConfig::new(host, port)
-        .client_id("crash-device")
+        .client_id(CLIENT_ID)
         .keep_alive(Duration::from_secs(2))
         .connect_timeout(Duration::from_secs(2));
     let config = RelayConfig::new(mqtt)
         .commands(COMMAND_FILTER)
+        .commands_client_id(COMMAND_CLIENT_ID)
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(300));
     let relay = Relay::start_with_handler(&outbox, config, |tx, cmd| {
         let amount: i64 = cmd.payload_as()?;

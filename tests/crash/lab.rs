@@ -11,7 +11,7 @@ use edge_outbox::{Envelope, MessageId};
 use rumqttc::QoS;
 
 use super::checker::{self, SentCommand, Verdict};
-use super::device::DeviceEnv;
+use super::device::{COMMAND_CLIENT_ID, COMMAND_FILTER, DeviceEnv};
 use super::support::{Broker, Proxy, Subscriber, WAIT, publish_raw};
 
 pub struct Lab {
@@ -36,6 +36,16 @@ impl Lab {
             .clean_session(false)
             .start()
             .expect("consumer");
+        // The device's command session as it is after its first connection: persistent and
+        // subscribed, so commands sent while the device is down (or before it first subscribes:
+        // a failpoint may abort it earlier) are queued for it.
+        Subscriber::builder(broker.addr())
+            .client_id(COMMAND_CLIENT_ID)
+            .filter(COMMAND_FILTER)
+            .clean_session(false)
+            .start()
+            .expect("device command session")
+            .stop();
         let dir = tempfile::tempdir().expect("tempdir");
         let db = dir.path().join("device.db");
         Lab {

@@ -25,6 +25,12 @@ fn main() {
         }
         return;
     }
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     // Flags from the test runner (e.g. --nocapture) are ignored; other words filter scenarios.
     let filters: Vec<&str> = args
         .iter()

@@ -45,10 +45,10 @@ pub fn failpoint(name: &str, nth: u32) -> Verdict {
     // failpoints are hit while applying them.
     lab.env.push((DeviceEnv::COMMANDS, "6".into()));
     let mut device = lab.start(Some(&format!("{name}:{nth}")));
-    assert!(
-        device.wait_line("ready", READY),
-        "{name}: device never became ready"
-    );
+    // "ready" once the command session is subscribed; a failpoint on the publishing side may
+    // abort the device before that, and then the stdout it announces on closes. Either way the
+    // commands are queued for it (Lab::new made its session persistent).
+    device.wait_line("ready", READY);
     lab.send_commands(6);
     let status = device.wait_exit(Duration::from_secs(60));
     assert_eq!(

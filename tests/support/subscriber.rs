@@ -6,6 +6,7 @@
 //! only ever calls non-blocking `try_*` methods (a blocking call there deadlocks when the request
 //! channel is full). Waits block on a condvar signalled by that thread: no sleep-and-hope.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
@@ -461,76 +462,129 @@ fn unique_id(prefix: &str) -> String {
 }
 
 /// Connects to `addr` (plain TCP), publishes one message, waits for its PUBACK (QoS 1), PUBCOMP
-/// (QoS 2) or for it to be written (QoS 0), then disconnects. Fails on a refused connection (a
-/// CONNACK with an error code), on any other connection error, or after 10 s. The one exception:
-/// when the other end closes the connection (EOF, before or after its CONNACK) before everything
-/// is acknowledged, it reconnects up to [`RAW_RECLOSES`] times and resends what is unacknowledged,
-/// as any QoS 1 publisher does. Under load, rumqttd 0.20 now and then closes a fresh connection
-/// like that (seen here with two suites running at once; its router can drop a link while
-/// registering it).
+/// (QoS 2) or for it to be written (QoS 0), then closes the connection. Fails on a refused
+/// connection (a CONNACK with an error code), or after 10 s. A connection lost before everything
+/// is acknowledged (refused, reset, closed by the other end) is replaced by a new one, up to
+/// [`RAW_RECLOSES`] times, and what was not acknowledged is published again on it, as any QoS 1
+/// publisher does.
+///
+/// Two rumqttd 0.20 defects shape this (bytebeamio/rumqtt issue 928). A client that sends
+/// DISCONNECT and then closes its socket makes rumqttd's router see two disconnects for one
+/// connection id; when a new connection took that id in between, the second one closes the *new*
+/// connection ("no-connection id N is already gone" in its log). So this never sends DISCONNECT:
+/// it closes the socket, one disconnect. And rumqttc, reconnecting with a clean session, drops
+/// what it had not got acknowledged (`pending` is cleared on a CONNACK without a session), so a
+/// retry is a new client that publishes again, never rumqttc's own reconnect.
 pub fn publish_raw(addr: SocketAddr, topic: &str, payload: &[u8], qos: QoS) -> io::Result<()> {
     publish_raw_many(addr, &[(topic, payload)], qos)
 }
 
-/// How many broker-closed connections [`publish_raw`] survives.
+/// How many lost connections [`publish_raw`] survives.
 pub const RAW_RECLOSES: u32 = 3;
 
 /// [`publish_raw`] for several messages on one connection, in order.
 pub fn publish_raw_many(addr: SocketAddr, messages: &[(&str, &[u8])], qos: QoS) -> io::Result<()> {
     const TIMEOUT: Duration = Duration::from_secs(10);
+    let deadline = Instant::now() + TIMEOUT;
+    let mut acked = vec![false; messages.len()];
+    let mut lost = 0;
+    loop {
+        match publish_raw_once(addr, messages, qos, &mut acked, deadline) {
+            Ok(()) => return Ok(()),
+            Err(RawError::Lost(why)) if lost < RAW_RECLOSES => {
+                lost += 1;
+                eprintln!("support: publish_raw to {addr}: {why}; publishing again on a new connection");
+                thread::sleep(RECONNECT_DELAY);
+            }
+            Err(RawError::Lost(why)) => {
+                return Err(io::Error::other(format!(
+                    "publish_raw to {addr}: {why} (after {lost} lost connections)"
+                )));
+            }
+            Err(RawError::Fatal(e)) => return Err(e),
+        }
+    }
+}
+
+enum RawError {
+    /// The connection was lost: worth another one.
+    Lost(String),
+    /// Refused, timed out or misused: retrying would not help.
+    Fatal(io::Error),
+}
+
+/// One connection's attempt: publishes every message not yet in `acked`, and marks them as their
+/// acknowledgements come.
+fn publish_raw_once(
+    addr: SocketAddr,
+    messages: &[(&str, &[u8])],
+    qos: QoS,
+    acked: &mut [bool],
+    deadline: Instant,
+) -> Result<(), RawError> {
+    let todo: Vec<usize> = (0..messages.len()).filter(|&i| !acked[i]).collect();
+    if todo.is_empty() {
+        return Ok(());
+    }
     let mut opts = MqttOptions::new(unique_id("publish-raw"), addr.ip().to_string(), addr.port());
     opts.set_max_packet_size(MAX_PACKET, MAX_PACKET)
         .set_keep_alive(Duration::from_secs(5));
     // Every request fits in the channel, so `try_publish` never fails for lack of room.
-    let (client, mut connection) = Client::new(opts, messages.len() + 2);
-    let fail = |what: String| io::Error::other(format!("publish_raw to {addr}: {what}"));
-    for (topic, payload) in messages {
+    let (client, mut connection) = Client::new(opts, todo.len() + 2);
+    let fatal = |what: String| RawError::Fatal(io::Error::other(format!("publish_raw to {addr}: {what}")));
+    for &i in &todo {
+        let (topic, payload) = messages[i];
         client
-            .try_publish(*topic, qos, false, payload.to_vec())
-            .map_err(|e| fail(e.to_string()))?;
+            .try_publish(topic, qos, false, payload.to_vec())
+            .map_err(|e| fatal(e.to_string()))?;
     }
-    let deadline = Instant::now() + TIMEOUT;
-    let mut done = 0;
-    let mut disconnecting = messages.is_empty();
-    if disconnecting {
-        client.try_disconnect().map_err(|e| fail(e.to_string()))?;
-    }
-    let mut closes = 0;
-    loop {
+    // A fresh client sends the requests in order, so the n-th outgoing publish is todo[n]; its
+    // packet id says which acknowledgement is whose.
+    let mut written = 0;
+    let mut by_pkid: HashMap<u16, usize> = HashMap::new();
+    while todo.iter().any(|&i| !acked[i]) {
         let left = deadline.saturating_duration_since(Instant::now());
         let event = match connection.recv_timeout(left) {
             Ok(Ok(event)) => event,
-            // The next recv reconnects; rumqttc resends the unacknowledged publishes.
-            Ok(Err(rumqttc::ConnectionError::MqttState(rumqttc::StateError::ConnectionAborted)))
-                if closes < RAW_RECLOSES && !disconnecting =>
-            {
-                closes += 1;
-                thread::sleep(RECONNECT_DELAY);
-                continue;
+            Ok(Err(rumqttc::ConnectionError::ConnectionRefused(code))) => {
+                return Err(fatal(format!("connection refused: {code:?}")));
             }
-            // Everything was acknowledged: a connection lost while disconnecting changes nothing.
-            Ok(Err(_)) if disconnecting && !messages.is_empty() => return Ok(()),
-            Ok(Err(e)) => return Err(fail(format!("{e} (after {closes} broker-closed connections)"))),
+            Ok(Err(e)) => return Err(RawError::Lost(e.to_string())),
             Err(e) => {
-                return Err(io::Error::new(
+                let done = acked.iter().filter(|&&a| a).count();
+                return Err(RawError::Fatal(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
                         "publish_raw to {addr}: {e:?} after {done}/{} acknowledged",
-                        messages.len()
+                        acked.len()
                     ),
-                ));
+                )));
             }
         };
-        match (event, qos) {
-            (Event::Outgoing(Outgoing::Disconnect), _) => return Ok(()),
-            (Event::Outgoing(Outgoing::Publish(_)), QoS::AtMostOnce)
-            | (Event::Incoming(Packet::PubAck(_)), QoS::AtLeastOnce)
-            | (Event::Incoming(Packet::PubComp(_)), QoS::ExactlyOnce) => done += 1,
+        match event {
+            Event::Outgoing(Outgoing::Publish(pkid)) => {
+                if let Some(&i) = todo.get(written) {
+                    written += 1;
+                    if qos == QoS::AtMostOnce {
+                        acked[i] = true;
+                    } else {
+                        by_pkid.insert(pkid, i);
+                    }
+                }
+            }
+            Event::Incoming(Packet::PubAck(ack)) if qos == QoS::AtLeastOnce => {
+                if let Some(i) = by_pkid.remove(&ack.pkid) {
+                    acked[i] = true;
+                }
+            }
+            Event::Incoming(Packet::PubComp(comp)) if qos == QoS::ExactlyOnce => {
+                if let Some(i) = by_pkid.remove(&comp.pkid) {
+                    acked[i] = true;
+                }
+            }
             _ => {}
         }
-        if done == messages.len() && !disconnecting {
-            disconnecting = true;
-            client.try_disconnect().map_err(|e| fail(e.to_string()))?;
-        }
     }
+    // Dropping the connection closes the socket: no DISCONNECT (see `publish_raw`).
+    Ok(())
 }
