@@ -25,10 +25,8 @@
 //! per-round ratios, with its interquartile range. Still, with other work on the machine, run it
 //! twice: a noisy run shows as a wide interquartile range.
 //!
-//! `cargo bench` builds with the dev-dependencies, and one of them (rumqttd) turns on uuid's
-//! `fast-rng` feature, so ids are minted here without the `getrandom` syscall per id that a
-//! build of the crate alone pays (about 0.2 us more per message). The header prints what minting
-//! an id costs in this build.
+//! Message ids are minted with uuid's `fast-rng` (a userspace generator, the crate's own
+//! setting); the header prints what minting an id costs in this build.
 //!
 //! Environment:
 //! - `EDGE_OUTBOX_BENCH_SECS`: measuring budget for the whole run (default 120);

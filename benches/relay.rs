@@ -222,20 +222,6 @@ fn threads_cpu(names: &[&str]) -> f64 {
 const RELAY_THREADS: [&str; 3] = ["edge-outbox-relay", "edge-outbox-mqtt", "edge-outbox-marker"];
 const RAW_THREADS: [&str; 2] = ["raw-publisher", "raw-events"];
 
-/// The pid of the mosquitto whose config lives in `dir`.
-fn mosquitto_pid(dir: &Path) -> Option<String> {
-    let needle = dir.to_string_lossy().into_owned();
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if !name.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-        let cmdline = String::from_utf8_lossy(&cmdline);
-        (cmdline.contains("mosquitto") && cmdline.contains(&needle)).then_some(name)
-    })
-}
-
 /// CPU seconds used by the threads under test (the relay's two, or the raw client's two) and by
 /// the broker between two points.
 #[derive(Clone, Copy, Default)]
@@ -931,7 +917,7 @@ fn main() -> BoxResult<()> {
         .start()
         .map_err(|e| format!("this benchmark needs mosquitto: {e}"))?;
     let port = broker.port();
-    let broker_pid = broker.dir().and_then(mosquitto_pid);
+    let broker_pid = broker.pid().map(|p| p.to_string());
     let mosquitto_version = Command::new(support::broker::mosquitto_path().ok_or("mosquitto")?)
         .arg("-h")
         .output()

@@ -1,25 +1,27 @@
-//! A real MQTT broker on 127.0.0.1, on a port picked at run time.
+//! A real MQTT broker on 127.0.0.1, on a port picked at run time, in a process of its own.
 //!
 //! Which broker: `EDGE_OUTBOX_BROKER=mosquitto` (required: an error if it is not installed),
-//! `EDGE_OUTBOX_BROKER=rumqttd` (in-process), or unset: mosquitto when it is installed, rumqttd
-//! otherwise. `EDGE_OUTBOX_MOSQUITTO=/path/to/mosquitto` overrides where mosquitto is looked for
-//! (default: `PATH`, then `/usr/sbin`, `/usr/local/sbin`, where Debian and Homebrew put it).
+//! `EDGE_OUTBOX_BROKER=rumqttd`, or unset: mosquitto when it is installed, rumqttd otherwise.
+//! `EDGE_OUTBOX_MOSQUITTO=/path/to/mosquitto` overrides where mosquitto is looked for (default:
+//! `PATH`, then `/usr/sbin`, `/usr/local/sbin`, where Debian and Homebrew put it).
 //!
-//! mosquitto runs as a child process with a generated config in its own temp dir (its log is
-//! `broker.log_path()`, printed on drop when the test panicked) and can be killed, stopped and
-//! restarted on the same port. rumqttd 0.20 has no shutdown: it runs on detached threads until the
-//! test process exits, so it cannot be stopped or restarted (`supports_restart()` is false). To take
-//! the broker "down" under rumqttd, put a [`Proxy`](super::Proxy) in front and `refuse` + `cut`.
-
-use std::collections::HashMap;
+//! Both run as child processes with their own temp dir (the log is `broker.log_path()`, printed on
+//! drop when the test panicked), and both can be killed, stopped and restarted on the same ports.
+//! mosquitto with a generated config; rumqttd as `edge-outbox broker` (a hidden command of this
+//! crate's CLI, built by `cargo test --all-features`), which exits when its stdin closes, so it
+//! dies with the test process however that ends. Differences a test must allow for:
+//! rumqttd keeps sessions in memory only ([`Broker::keeps_sessions`]), and its TLS listener is
+//! mutual TLS only.
 use std::fmt;
 use std::fs;
 use std::io::{self, Write as _};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use super::child::ChildGuard;
 
 /// The variable that picks the broker: `mosquitto`, `rumqttd`, or unset (mosquitto if installed).
 pub const BROKER_ENV: &str = "EDGE_OUTBOX_BROKER";
@@ -35,6 +37,9 @@ const BIND_ATTEMPTS: usize = 5;
 
 /// rumqttd's packet limit unless the builder sets one (mosquitto has none by default).
 pub const RUMQTTD_DEFAULT_MAX_PACKET: usize = 1 << 20;
+
+/// The CLI that hosts rumqttd (`edge-outbox broker`), when this test build has it.
+const CLI: Option<&str> = option_env!("CARGO_BIN_EXE_edge-outbox");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BrokerKind {
@@ -79,13 +84,14 @@ pub fn mosquitto_path() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// A TLS listener for mosquitto, in addition to the plain one (see [`super::Pki::listener`]).
+/// A TLS listener, in addition to the plain one (see [`super::Pki::listener`]).
 #[derive(Debug, Clone)]
 pub struct TlsListener {
     pub ca: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,
-    /// Refuse clients that present no certificate signed by `ca` (mutual TLS).
+    /// Refuse clients that present no certificate signed by `ca` (mutual TLS). rumqttd only
+    /// offers mutual TLS: `false` is refused with `ErrorKind::Unsupported` there.
     pub require_client_cert: bool,
 }
 
@@ -98,9 +104,17 @@ pub struct BrokerBuilder {
     max_packet_size: Option<usize>,
     extra_config: Vec<String>,
     stock: bool,
+    credentials: Option<(String, String)>,
 }
 
 impl BrokerBuilder {
+    /// Require this username and password from every client (mosquitto: a password file made
+    /// with `mosquitto_passwd` and `allow_anonymous false`; rumqttd: its static login table).
+    pub fn credentials(mut self, user: &str, password: &str) -> Self {
+        self.credentials = Some((user.to_owned(), password.to_owned()));
+        self
+    }
+
     /// Forces a broker instead of reading `EDGE_OUTBOX_BROKER`.
     pub fn kind(mut self, kind: BrokerKind) -> Self {
         self.kind = Some(kind);
@@ -109,14 +123,14 @@ impl BrokerBuilder {
 
     /// mosquitto only: keep sessions and queued messages on disk across `restart()` (saved on a
     /// graceful stop and every second, so a `kill()` loses up to the last second of changes).
-    /// rumqttd keeps sessions in memory anyway, but cannot restart.
+    /// rumqttd keeps sessions in memory only: they do not survive a restart, whatever this says
+    /// ([`Broker::keeps_sessions`]).
     pub fn persistence(mut self, on: bool) -> Self {
         self.persistence = on;
         self
     }
 
-    /// mosquitto only: also open a TLS listener (`tls_addr()`); the plain listener stays.
-    /// With rumqttd, `start()` fails with `ErrorKind::Unsupported`.
+    /// Also open a TLS listener (`tls_addr()`); the plain listener stays.
     pub fn tls(mut self, listener: TlsListener) -> Self {
         self.tls = Some(listener);
         self
@@ -156,37 +170,36 @@ impl BrokerBuilder {
                 "stock_config has no TLS listener",
             ));
         }
-        let broker = match kind {
-            BrokerKind::Mosquitto => Broker::start_mosquitto(self)?,
-            BrokerKind::Rumqttd => {
-                if self.tls.is_some() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::Unsupported,
-                        "TLS needs mosquitto (rumqttd is built without TLS here)",
-                    ));
-                }
-                Broker::start_rumqttd(&self)?
-            }
-        };
+        if kind == BrokerKind::Rumqttd && self.tls.as_ref().is_some_and(|t| !t.require_client_cert) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "rumqttd's TLS listener is mutual TLS only (built with verify-client-cert)",
+            ));
+        }
+        let broker = Broker::spawn(kind, self)?;
         eprintln!("support: {}", broker.describe());
         Ok(broker)
     }
 }
 
-/// A running broker; see the module docs. Mosquitto is stopped (killed) on drop.
+/// A running broker process; see the module docs. Killed on drop.
 pub struct Broker {
     kind: BrokerKind,
     port: u16,
     tls_port: Option<u16>,
-    mosquitto: Option<Mosquitto>,
+    persistence: bool,
+    process: BrokerProcess,
 }
 
-struct Mosquitto {
+/// The broker's process and what it takes to start it again.
+struct BrokerProcess {
+    kind: BrokerKind,
     exe: PathBuf,
+    builder: BrokerBuilder,
     dir: tempfile::TempDir,
-    config: PathBuf,
+    /// mosquitto's log file; rumqttd logs to its stderr, kept in `stderr.log`.
     log: PathBuf,
-    child: Option<Child>,
+    child: Option<ChildGuard>,
 }
 
 impl Broker {
@@ -214,109 +227,93 @@ impl Broker {
 
     /// The plain MQTT listener.
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.port))
+        loopback(self.port)
     }
 
     /// The TLS listener, when the builder asked for one.
     pub fn tls_addr(&self) -> Option<SocketAddr> {
-        self.tls_port
-            .map(|p| SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, p)))
+        self.tls_port.map(loopback)
     }
 
-    /// Whether `kill`, `stop` and `restart` work (mosquitto only).
-    pub fn supports_restart(&self) -> bool {
-        self.mosquitto.is_some()
+    /// Whether sessions and the messages queued for them survive `kill`/`stop` + `restart`
+    /// (mosquitto with `persistence(true)`; never rumqttd). A test that kills a broker which does
+    /// not keep them must expect what it had queued to be gone.
+    pub fn keeps_sessions(&self) -> bool {
+        self.kind == BrokerKind::Mosquitto && self.persistence
     }
 
-    /// `true` (after printing `SKIPPED: <test>: ...`) when this broker cannot be stopped and
-    /// restarted, so the caller returns early: `if broker.skip_unless_restartable("x") { return Ok(()) }`.
-    pub fn skip_unless_restartable(&self, test: &str) -> bool {
-        if self.supports_restart() {
-            return false;
-        }
-        super::skip(
-            test,
-            &format!(
-                "needs a broker that can be stopped and restarted; {} cannot \
-                 (run with {BROKER_ENV}=mosquitto)",
-                self.kind
-            ),
-        );
-        true
-    }
-
-    /// Whether the broker process is alive (always true for rumqttd).
+    /// Whether the broker process is alive.
     pub fn is_running(&mut self) -> bool {
-        match &mut self.mosquitto {
-            None => true,
-            Some(m) => m.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None))),
-        }
+        self.process
+            .child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
-    /// The broker's temp dir (mosquitto only): config, log, persistence.
-    pub fn dir(&self) -> Option<&Path> {
-        self.mosquitto.as_ref().map(|m| m.dir.path())
+    /// The broker's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.child.as_ref().map(|c| c.id())
     }
 
-    /// The broker's log file (mosquitto only).
-    pub fn log_path(&self) -> Option<&Path> {
-        self.mosquitto.as_ref().map(|m| m.log.as_path())
+    /// The broker's temp dir: config, logs, persistence.
+    pub fn dir(&self) -> &Path {
+        self.process.dir.path()
     }
 
-    /// The log so far (mosquitto only; empty for rumqttd, which logs through `tracing`).
+    /// The broker's log file.
+    pub fn log_path(&self) -> &Path {
+        &self.process.log
+    }
+
+    /// The log so far.
     pub fn log(&self) -> String {
-        self.mosquitto
-            .as_ref()
-            .map(|m| fs::read_to_string(&m.log).unwrap_or_default())
-            .unwrap_or_default()
+        fs::read_to_string(&self.process.log).unwrap_or_default()
     }
 
-    /// SIGKILL: the broker dies at once, like a crash or a power cut (mosquitto only). Clients see
-    /// their connections reset. Killing a stopped broker is a no-op.
+    /// SIGKILL: the broker dies at once, like a crash or a power cut. Clients see their
+    /// connections reset. Killing a stopped broker is a no-op.
     pub fn kill(&mut self) -> io::Result<()> {
-        let m = self.mosquitto_mut("kill")?;
-        if let Some(mut child) = m.child.take() {
+        if let Some(mut child) = self.process.child.take() {
             child.kill()?;
             child.wait()?;
         }
         Ok(())
     }
 
-    /// SIGTERM and wait (mosquitto only): clients are disconnected and persistence is written.
-    /// Killed if it takes longer than 5 s. Stopping a stopped broker is a no-op.
+    /// A graceful stop, waited for: mosquitto gets SIGTERM (it disconnects its clients and writes
+    /// its persistence); rumqttd sees its stdin close and exits. Killed if it takes longer than
+    /// 5 s. Stopping a stopped broker is a no-op.
     pub fn stop(&mut self) -> io::Result<()> {
-        let m = self.mosquitto_mut("stop")?;
-        if let Some(mut child) = m.child.take() {
-            let status = Command::new("kill")
+        let Some(mut child) = self.process.child.take() else {
+            return Ok(());
+        };
+        let asked = match self.kind {
+            BrokerKind::Mosquitto => Command::new("kill")
                 .arg("-TERM")
                 .arg(child.id().to_string())
-                .status();
-            if !matches!(status, Ok(s) if s.success()) {
-                child.kill()?;
-                child.wait()?;
-                return Ok(());
+                .status()
+                .is_ok_and(|s| s.success()),
+            BrokerKind::Rumqttd => {
+                drop(child.stdin.take());
+                true
             }
+        };
+        if asked {
             let deadline = Instant::now() + STOP_TIMEOUT;
             // A bounded poll: std has no wait with a timeout.
-            while child.try_wait()?.is_none() {
-                if Instant::now() >= deadline {
-                    child.kill()?;
-                    child.wait()?;
-                    break;
-                }
+            while child.try_wait()?.is_none() && Instant::now() < deadline {
                 thread::sleep(Duration::from_millis(10));
             }
         }
+        child.kill_and_wait();
         Ok(())
     }
 
-    /// Starts the broker again on the same port(s) (mosquitto only), after a graceful `stop()` if
-    /// it is still running; returns once it accepts connections. With `persistence(true)`, persistent
-    /// sessions and their queued messages survive.
+    /// Starts the broker again on the same port(s), after a graceful `stop()` if it is still
+    /// running; returns once it accepts connections. See [`Broker::keeps_sessions`].
     pub fn restart(&mut self) -> io::Result<()> {
         self.stop()?;
         let (port, tls_port) = (self.port, self.tls_port);
-        let m = self.mosquitto_mut("restart")?;
         // The port is ours, but the old socket may linger for a moment, or another process may
         // have taken it: retry a few times, then report the log.
         let mut last = None;
@@ -324,7 +321,7 @@ impl Broker {
             if attempt > 0 {
                 thread::sleep(Duration::from_millis(200));
             }
-            match m.spawn_and_wait(port, tls_port) {
+            match self.process.spawn_and_wait(port, tls_port) {
                 Ok(()) => return Ok(()),
                 Err(e) => last = Some(e),
             }
@@ -332,54 +329,58 @@ impl Broker {
         Err(last.unwrap_or_else(|| io::Error::other("restart failed")))
     }
 
-    fn mosquitto_mut(&mut self, what: &str) -> io::Result<&mut Mosquitto> {
-        let kind = self.kind;
-        self.mosquitto.as_mut().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("{what}: {kind} runs in-process and cannot be stopped or restarted"),
-            )
-        })
-    }
-
     fn describe(&self) -> String {
         let mut s = format!("broker {} on {}", self.kind, self.addr());
         if let Some(t) = self.tls_addr() {
             s.push_str(&format!(", TLS on {t}"));
         }
-        if let Some(d) = self.dir() {
-            s.push_str(&format!(", dir {}", d.display()));
+        if let Some(pid) = self.pid() {
+            s.push_str(&format!(", pid {pid}"));
         }
+        s.push_str(&format!(", dir {}", self.dir().display()));
         s
     }
 
-    fn start_mosquitto(b: BrokerBuilder) -> io::Result<Broker> {
-        let exe = mosquitto_path().ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!(
-                    "mosquitto was asked for but is not installed (looked in PATH, /usr/sbin, \
-                     /usr/local/sbin; set {MOSQUITTO_ENV} or install the `mosquitto` package)"
-                ),
-            )
-        })?;
+    fn spawn(kind: BrokerKind, b: BrokerBuilder) -> io::Result<Broker> {
+        let exe = match kind {
+            BrokerKind::Mosquitto => mosquitto_path().ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!(
+                        "mosquitto was asked for but is not installed (looked in PATH, /usr/sbin, \
+                         /usr/local/sbin; set {MOSQUITTO_ENV} or install the `mosquitto` package)"
+                    ),
+                )
+            })?,
+            BrokerKind::Rumqttd => CLI.map(PathBuf::from).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    "rumqttd runs as `edge-outbox broker`, which this test build lacks: build the \
+                     tests with the CLI (`cargo test --all-features`, or `--features demo`)",
+                )
+            })?,
+        };
         let dir = tempfile::Builder::new()
-            .prefix("edge-outbox-mosquitto-")
+            .prefix(&format!("edge-outbox-{kind}-"))
             .tempdir()?;
-        let config = dir.path().join("mosquitto.conf");
-        let log = dir.path().join("mosquitto.log");
-        let mut m = Mosquitto {
+        let log = dir.path().join(match kind {
+            BrokerKind::Mosquitto => "mosquitto.log",
+            BrokerKind::Rumqttd => "stderr.log",
+        });
+        let persistence = b.persistence;
+        let mut process = BrokerProcess {
+            kind,
             exe,
-            config,
-            log,
+            builder: b,
             dir,
+            log,
             child: None,
         };
         let mut last = None;
         for _ in 0..BIND_ATTEMPTS {
-            // Hold both probes at once so the two ports differ; close them before mosquitto binds.
+            // Hold both probes at once so the two ports differ; close them before the broker binds.
             let probe = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-            let tls_probe = match b.tls {
+            let tls_probe = match process.builder.tls {
                 Some(_) => Some(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?),
                 None => None,
             };
@@ -390,58 +391,24 @@ impl Broker {
                 .transpose()?
                 .map(|a| a.port());
             drop((probe, tls_probe));
-            m.write_config(&b, port, tls_port)?;
-            match m.spawn_and_wait(port, tls_port) {
+            match kind {
+                BrokerKind::Mosquitto => process.write_mosquitto_config(port, tls_port)?,
+                BrokerKind::Rumqttd => process.write_rumqttd_passwords()?,
+            }
+            match process.spawn_and_wait(port, tls_port) {
                 Ok(()) => {
                     return Ok(Broker {
-                        kind: BrokerKind::Mosquitto,
+                        kind,
                         port,
                         tls_port,
-                        mosquitto: Some(m),
+                        persistence,
+                        process,
                     });
                 }
                 Err(e) => last = Some(e),
             }
         }
-        Err(last.unwrap_or_else(|| io::Error::other("mosquitto did not start")))
-    }
-
-    fn start_rumqttd(b: &BrokerBuilder) -> io::Result<Broker> {
-        let max_packet = b.max_packet_size.unwrap_or(RUMQTTD_DEFAULT_MAX_PACKET);
-        let mut last = None;
-        for _ in 0..BIND_ATTEMPTS {
-            let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port();
-            let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
-            let config = rumqttd_config(addr, max_packet);
-            // `start()` blocks for ever and has no shutdown: the thread is detached and lives until
-            // the test process exits. If the bind fails, rumqttd only logs it and `start()` returns,
-            // so a finished thread means "try another port".
-            let handle = thread::Builder::new()
-                .name(format!("rumqttd-{port}"))
-                .spawn(move || {
-                    if let Err(e) = rumqttd::Broker::new(config).start() {
-                        eprintln!("support: rumqttd on port {port}: {e}");
-                    }
-                })?;
-            match wait_accepting(addr, || {
-                if handle.is_finished() {
-                    Some("rumqttd stopped (bind failed?)".to_owned())
-                } else {
-                    None
-                }
-            }) {
-                Ok(()) => {
-                    return Ok(Broker {
-                        kind: BrokerKind::Rumqttd,
-                        port,
-                        tls_port: None,
-                        mosquitto: None,
-                    });
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| io::Error::other("rumqttd did not start")))
+        Err(last.unwrap_or_else(|| io::Error::other(format!("{kind} did not start"))))
     }
 }
 
@@ -453,15 +420,13 @@ impl fmt::Debug for Broker {
 
 impl Drop for Broker {
     fn drop(&mut self) {
-        let Some(m) = &mut self.mosquitto else { return };
-        if let Some(mut child) = m.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut child) = self.process.child.take() {
+            child.kill_and_wait();
         }
         if thread::panicking() {
-            let log = fs::read_to_string(&m.log).unwrap_or_default();
+            let log = self.log();
             let tail: Vec<&str> = log.lines().rev().take(60).collect();
-            eprintln!("--- mosquitto log (last {} lines) ---", tail.len());
+            eprintln!("--- {} log (last {} lines) ---", self.kind, tail.len());
             for line in tail.iter().rev() {
                 eprintln!("{line}");
             }
@@ -469,8 +434,10 @@ impl Drop for Broker {
     }
 }
 
-impl Mosquitto {
-    fn write_config(&self, b: &BrokerBuilder, port: u16, tls_port: Option<u16>) -> io::Result<()> {
+impl BrokerProcess {
+    fn write_mosquitto_config(&self, port: u16, tls_port: Option<u16>) -> io::Result<()> {
+        let b = &self.builder;
+        let config = self.dir.path().join("mosquitto.conf");
         let mut c = String::new();
         let dir = self.dir.path().display();
         // Run as root (CI containers), mosquitto switches to the `mosquitto` user, which cannot
@@ -481,13 +448,28 @@ impl Mosquitto {
         c.push_str(&format!("log_dest file {}\n", self.log.display()));
         if b.stock {
             c.push_str(&format!("allow_anonymous true\nlistener {port} 127.0.0.1\n"));
-            let mut f = fs::File::create(&self.config)?;
-            f.write_all(c.as_bytes())?;
-            return f.sync_all();
+            return write_synced(&config, &c);
         }
         c.push_str("log_type error\nlog_type warning\nlog_type notice\nlog_type information\n");
         c.push_str("connection_messages true\nlog_timestamp true\n");
-        c.push_str("allow_anonymous true\n");
+        match &b.credentials {
+            Some((user, password)) => {
+                let file = self.dir.path().join("passwords");
+                let made = Command::new("mosquitto_passwd")
+                    .args(["-b", "-c"])
+                    .arg(&file)
+                    .args([user, password])
+                    .status()?;
+                if !made.success() {
+                    return Err(io::Error::other(format!("mosquitto_passwd failed: {made}")));
+                }
+                c.push_str(&format!(
+                    "allow_anonymous false\npassword_file {}\n",
+                    file.display()
+                ));
+            }
+            None => c.push_str("allow_anonymous true\n"),
+        }
         // A checker must see everything the broker accepted: by default mosquitto drops QoS 1
         // messages for a subscriber that has more than 1000 queued, which would read as a loss.
         // A large number rather than 0 ("no limit"): mosquitto 2.0.16 to 2.0.21 mishandle 0
@@ -514,34 +496,79 @@ impl Mosquitto {
             c.push_str(&format!("keyfile {}\n", tls.key.display()));
             c.push_str(&format!("require_certificate {}\n", tls.require_client_cert));
         }
-        let mut f = fs::File::create(&self.config)?;
-        f.write_all(c.as_bytes())?;
-        f.sync_all()
+        write_synced(&config, &c)
+    }
+
+    fn write_rumqttd_passwords(&self) -> io::Result<()> {
+        match &self.builder.credentials {
+            Some((user, password)) => write_synced(
+                &self.dir.path().join("passwords"),
+                &format!("{user}:{password}\n"),
+            ),
+            None => Ok(()),
+        }
+    }
+
+    fn command(&self, port: u16, tls_port: Option<u16>) -> Command {
+        let mut cmd = Command::new(&self.exe);
+        match self.kind {
+            BrokerKind::Mosquitto => {
+                cmd.arg("-c").arg(self.dir.path().join("mosquitto.conf"));
+                cmd.stdin(Stdio::null());
+            }
+            BrokerKind::Rumqttd => {
+                let b = &self.builder;
+                cmd.arg("broker")
+                    .arg("--listen")
+                    .arg(loopback(port).to_string())
+                    .arg("--max-packet")
+                    .arg(
+                        b.max_packet_size
+                            .unwrap_or(RUMQTTD_DEFAULT_MAX_PACKET)
+                            .to_string(),
+                    );
+                if b.credentials.is_some() {
+                    cmd.arg("--passwords").arg(self.dir.path().join("passwords"));
+                }
+                if let (Some(tls), Some(tls_port)) = (&b.tls, tls_port) {
+                    cmd.arg("--tls-listen")
+                        .arg(loopback(tls_port).to_string())
+                        .arg("--tls-cert")
+                        .arg(&tls.cert)
+                        .arg("--tls-key")
+                        .arg(&tls.key)
+                        .arg("--tls-ca")
+                        .arg(&tls.ca);
+                }
+                // Its lifeline: it exits when this pipe closes (see the module docs).
+                cmd.stdin(Stdio::piped());
+            }
+        }
+        cmd
     }
 
     fn spawn_and_wait(&mut self, port: u16, tls_port: Option<u16>) -> io::Result<()> {
-        // Errors before the log file is open (bad config) go to stderr.
+        // mosquitto writes errors before its log file is open (bad config) here; rumqttd, all.
+        let stderr_path = self.dir.path().join("stderr.log");
         let stderr = fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(self.dir.path().join("stderr.log"))?;
-        let mut child = Command::new(&self.exe)
-            .arg("-c")
-            .arg(&self.config)
-            .stdin(Stdio::null())
+            .open(&stderr_path)?;
+        let child = self
+            .command(port, tls_port)
             .stdout(stderr.try_clone()?)
             .stderr(stderr)
             .spawn()
             .map_err(|e| io::Error::new(e.kind(), format!("spawning {}: {e}", self.exe.display())))?;
-        let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
-        let mut ready = wait_accepting(addr, || match child.try_wait() {
-            Ok(Some(status)) => Some(format!("mosquitto exited: {status}")),
+        let mut child = ChildGuard::new(child);
+        let kind = self.kind;
+        let mut ready = wait_accepting(loopback(port), || match child.try_wait() {
+            Ok(Some(status)) => Some(format!("{kind} exited: {status}")),
             Ok(None) => None,
-            Err(e) => Some(format!("mosquitto: {e}")),
+            Err(e) => Some(format!("{kind}: {e}")),
         });
         if let (Ok(()), Some(tls_port)) = (&ready, tls_port) {
-            let tls_addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, tls_port));
-            ready = wait_accepting(tls_addr, || None);
+            ready = wait_accepting(loopback(tls_port), || None);
         }
         match ready {
             Ok(()) => {
@@ -549,17 +576,26 @@ impl Mosquitto {
                 Ok(())
             }
             Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                let stderr = fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default();
+                child.kill_and_wait();
+                let stderr = fs::read_to_string(&stderr_path).unwrap_or_default();
                 let log = fs::read_to_string(&self.log).unwrap_or_default();
                 Err(io::Error::new(
                     e.kind(),
-                    format!("mosquitto on port {port}: {e}\n--- stderr ---\n{stderr}--- log ---\n{log}"),
+                    format!("{kind} on port {port}: {e}\n--- stderr ---\n{stderr}--- log ---\n{log}"),
                 ))
             }
         }
     }
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port))
+}
+
+fn write_synced(path: &Path, text: &str) -> io::Result<()> {
+    let mut f = fs::File::create(path)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()
 }
 
 /// Waits until `addr` accepts a TCP connection; `failed` reports a dead broker so we stop early.
@@ -594,8 +630,3 @@ fn running_as_root() -> bool {
         })
         .unwrap_or(false)
 }
-
-// The same rumqttd configuration as the demo's in-process broker: one piece serves both.
-#[path = "../../src/bin/edge-outbox/demo/rumqttd_config.rs"]
-mod rumqttd_config;
-use rumqttd_config::rumqttd_config;

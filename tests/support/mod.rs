@@ -1,7 +1,8 @@
 //! Test harness shared by the integration tests: `mod support;` from any `tests/*.rs`.
 //!
-//! - [`broker`]: a real MQTT broker on 127.0.0.1 with a port picked at run time (mosquitto when it is
-//!   installed or asked for, in-process rumqttd otherwise; `EDGE_OUTBOX_BROKER` chooses).
+//! - [`broker`]: a real MQTT broker process on 127.0.0.1 with a port picked at run time (mosquitto
+//!   when it is installed or asked for, rumqttd otherwise; `EDGE_OUTBOX_BROKER` chooses).
+//! - [`child`]: child processes killed when their test ends, fails or panics.
 //! - [`proxy`]: a TCP proxy that cuts, stalls, refuses and half-opens connections on command.
 //! - [`subscriber`]: an independent rumqttc client that collects what arrives, and one-shot publishing.
 //! - [`tls`]: a CA, server and client certificates generated at run time with `openssl`.
@@ -11,6 +12,7 @@
 
 pub mod broker;
 pub mod check;
+pub mod child;
 pub mod device;
 pub mod powercut;
 pub mod proxy;
@@ -18,6 +20,7 @@ pub mod subscriber;
 pub mod tls;
 
 pub use broker::{Broker, BrokerKind, TlsListener};
+pub use child::ChildGuard;
 pub use proxy::Proxy;
 pub use subscriber::{Message, Subscriber, publish_raw, publish_raw_many};
 pub use tls::Pki;

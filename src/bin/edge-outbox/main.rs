@@ -91,6 +91,10 @@ enum Command {
     #[cfg(feature = "demo")]
     #[command(hide = true)]
     DemoChild(demo::ChildArgs),
+    /// rumqttd on loopback until stdin closes (the test suite's broker where mosquitto is absent).
+    #[cfg(feature = "demo")]
+    #[command(hide = true)]
+    Broker(demo::BrokerArgs),
 }
 
 fn main() -> ExitCode {
@@ -113,6 +117,8 @@ fn main() -> ExitCode {
         Command::Demo => demo::run(&cli.global),
         #[cfg(feature = "demo")]
         Command::DemoChild(args) => demo::run_child(&args),
+        #[cfg(feature = "demo")]
+        Command::Broker(args) => demo::run_broker(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -5,9 +5,11 @@
 //! the table shows what each side ended up with: the dual write loses an order or charges for one
 //! that does not exist; the outbox publishes twice and the inbox charges once.
 
+mod broker;
 mod child;
 mod rumqttd_config;
 
+pub use broker::{BrokerArgs, run as run_broker};
 pub use child::ChildArgs;
 
 use std::io::{BufRead, BufReader, IsTerminal, Write};
@@ -150,7 +152,7 @@ fn start_broker() -> Result<SocketAddr> {
             .map_err(|e| CliError::runtime(format!("finding a free port: {e}")))?
             .port();
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        let config = rumqttd_config::rumqttd_config(addr, 1 << 20);
+        let config = rumqttd_config::rumqttd_config(addr, 1 << 20, None, None);
         let thread = std::thread::Builder::new()
             .name("demo-broker".into())
             .spawn(move || rumqttd::Broker::new(config).start().is_ok())
