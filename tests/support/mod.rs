@@ -5,7 +5,7 @@
 //! - [`child`]: child processes killed when their test ends, fails or panics.
 //! - [`proxy`]: a TCP proxy that cuts, stalls, refuses and half-opens connections on command.
 //! - [`subscriber`]: an independent rumqttc client that collects what arrives, and one-shot publishing.
-//! - [`tls`]: a CA, server and client certificates generated at run time with `openssl`.
+//! - [`tls`]: a CA, server and client certificates generated at run time (rcgen).
 //!
 //! Every test binary compiles this module but uses only part of it.
 #![allow(dead_code, unused_imports)]

@@ -1,28 +1,23 @@
-//! Certificates generated at run time with the `openssl` command-line tool: a CA, a server
-//! certificate for `127.0.0.1` and `localhost`, and a client certificate, all ECDSA P-256, valid
-//! for two days, with the extensions rustls/webpki insist on (v3, CA basic constraints, key usage,
-//! extended key usage, subject alternative names).
+//! Certificates generated at run time (rcgen, no outside tool): a CA, a server certificate for
+//! `127.0.0.1` and `localhost`, and a client certificate, all ECDSA P-256, valid for two days, with
+//! the extensions rustls/webpki insist on (v3, CA basic constraints, key usage, extended key usage,
+//! subject alternative names).
 //!
 //! Two `Pki::generate` calls give two unrelated CAs: trust one, connect to a broker using the
 //! other, and the handshake must fail.
 
 use std::fs;
 use std::io;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{SystemTime, UNIX_EPOCH};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    KeyUsagePurpose, SanType,
+};
+use time::{Duration, OffsetDateTime};
 
 use super::broker::TlsListener;
-
-/// Whether `openssl` runs here (Debian: package `openssl`).
-pub fn openssl_available() -> bool {
-    Command::new("openssl")
-        .arg("version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
 
 /// rumqttc is built with `use-rustls-no-provider`: a process-wide rustls provider must be
 /// installed before the first TLS connection. Idempotent.
@@ -43,41 +38,10 @@ pub struct Pki {
     pub client_key: PathBuf,
 }
 
-const OPENSSL_CNF: &str = "\
-[req]
-distinguished_name = dn
-prompt = no
-[dn]
-CN = unused
-[ca_ext]
-basicConstraints = critical,CA:TRUE
-keyUsage = critical,keyCertSign,cRLSign
-subjectKeyIdentifier = hash
-[server_ext]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature
-extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1,DNS:localhost
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-[client_ext]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature
-extendedKeyUsage = clientAuth
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-";
-
 impl Pki {
     /// Writes a new CA, server and client certificate into `dir` (created if missing). `name`
-    /// goes into the subjects, to tell CAs apart in logs. Fails with `NotFound` without `openssl`.
+    /// goes into the subjects, to tell CAs apart in logs.
     pub fn generate(dir: &Path, name: &str) -> io::Result<Pki> {
-        if !openssl_available() {
-            return Err(io::Error::new(
-                io::ErrorKind::NotFound,
-                "the `openssl` command is needed to generate test certificates (Debian: apt install openssl)",
-            ));
-        }
         fs::create_dir_all(dir)?;
         let p = |f: &str| dir.join(f);
         let pki = Pki {
@@ -89,95 +53,43 @@ impl Pki {
             client_cert: p("client.crt"),
             client_key: p("client.key"),
         };
-        let cnf = p("openssl.cnf");
-        fs::write(&cnf, OPENSSL_CNF)?;
+        let ca_key = new_key()?;
+        let mut ca = params(&format!("edge-outbox test CA {name}"), Vec::new())?;
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca_cert = ca.self_signed(&ca_key).map_err(tls_error)?;
 
-        for key in [&pki.ca_key, &pki.server_key, &pki.client_key] {
-            run(openssl([
-                "genpkey",
-                "-algorithm",
-                "EC",
-                "-pkeyopt",
-                "ec_paramgen_curve:P-256",
-                "-out",
-            ])
-            .arg(key))?;
+        let server_key = new_key()?;
+        let mut server = params(&format!("127.0.0.1 {name}"), vec!["localhost".into()])?;
+        server
+            .subject_alt_names
+            .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let server_cert = server
+            .signed_by(&server_key, &ca_cert, &ca_key)
+            .map_err(tls_error)?;
+
+        let client_key = new_key()?;
+        let mut client = params(&format!("edge-outbox client {name}"), Vec::new())?;
+        client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let client_cert = client
+            .signed_by(&client_key, &ca_cert, &ca_key)
+            .map_err(tls_error)?;
+
+        for (path, pem) in [
+            (&pki.ca_cert, ca_cert.pem()),
+            (&pki.ca_key, ca_key.serialize_pem()),
+            (&pki.server_cert, server_cert.pem()),
+            (&pki.server_key, server_key.serialize_pem()),
+            (&pki.client_cert, client_cert.pem()),
+            (&pki.client_key, client_key.serialize_pem()),
+        ] {
+            fs::write(path, pem)?;
         }
-        run(openssl([
-            "req",
-            "-new",
-            "-x509",
-            "-extensions",
-            "ca_ext",
-            "-days",
-            "2",
-            "-config",
-        ])
-        .arg(&cnf)
-        .arg("-key")
-        .arg(&pki.ca_key)
-        .arg("-subj")
-        .arg(format!("/CN=edge-outbox test CA {name}"))
-        .arg("-out")
-        .arg(&pki.ca_cert))?;
-        pki.sign(
-            &cnf,
-            &pki.server_key,
-            &pki.server_cert,
-            &format!("/CN=127.0.0.1 {name}"),
-            "server_ext",
-        )?;
-        pki.sign(
-            &cnf,
-            &pki.client_key,
-            &pki.client_cert,
-            &format!("/CN=edge-outbox client {name}"),
-            "client_ext",
-        )?;
-        let _ = fs::remove_file(p("server.csr"));
-        let _ = fs::remove_file(p("client.csr"));
         Ok(pki)
     }
 
-    fn sign(&self, cnf: &Path, key: &Path, cert: &Path, subject: &str, ext: &str) -> io::Result<()> {
-        let csr = cert.with_extension("csr");
-        run(openssl(["req", "-new", "-config"])
-            .arg(cnf)
-            .arg("-key")
-            .arg(key)
-            .arg("-subj")
-            .arg(subject)
-            .arg("-out")
-            .arg(&csr))?;
-        // A random serial: two certificates with the same issuer and serial confuse verifiers.
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let serial = format!("0x{:x}{:04x}", nanos, std::process::id() & 0xffff);
-        run(openssl([
-            "x509",
-            "-req",
-            "-days",
-            "2",
-            "-extensions",
-            ext,
-            "-set_serial",
-            &serial,
-            "-in",
-        ])
-        .arg(&csr)
-        .arg("-CA")
-        .arg(&self.ca_cert)
-        .arg("-CAkey")
-        .arg(&self.ca_key)
-        .arg("-extfile")
-        .arg(cnf)
-        .arg("-out")
-        .arg(cert))
-    }
-
-    /// A mosquitto TLS listener with this CA and server certificate.
+    /// A broker TLS listener with this CA and server certificate.
     pub fn listener(&self, require_client_cert: bool) -> TlsListener {
         TlsListener {
             ca: self.ca_cert.clone(),
@@ -217,20 +129,24 @@ impl Pki {
     }
 }
 
-fn openssl<'a>(args: impl IntoIterator<Item = &'a str>) -> Command {
-    let mut cmd = Command::new("openssl");
-    cmd.args(args).stdin(Stdio::null());
-    cmd
+/// ECDSA P-256, as rustls/webpki and both brokers accept.
+fn new_key() -> io::Result<KeyPair> {
+    KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(tls_error)
 }
 
-fn run(cmd: &mut Command) -> io::Result<()> {
-    let out = cmd.output()?;
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(io::Error::other(format!(
-        "{cmd:?}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    )))
+/// A leaf or CA certificate's parameters: `common_name`, DNS `names`, signature-only key usage
+/// (a CA overrides it), valid from a day ago for two days.
+fn params(common_name: &str, names: Vec<String>) -> io::Result<CertificateParams> {
+    let mut params = CertificateParams::new(names).map_err(tls_error)?;
+    params.distinguished_name = DistinguishedName::new();
+    params.distinguished_name.push(DnType::CommonName, common_name);
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    let now = OffsetDateTime::now_utc();
+    params.not_before = now - Duration::days(1);
+    params.not_after = now + Duration::days(2);
+    Ok(params)
+}
+
+fn tls_error(e: rcgen::Error) -> io::Error {
+    io::Error::other(format!("generating test certificates: {e}"))
 }
