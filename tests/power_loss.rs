@@ -31,7 +31,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use edge_outbox::{Envelope, MessageId, Options, Outbox, Received, Relay, Synchronous};
-use support::powercut::{self, PowerCutFs, Unsynced};
+use support::powercut::{PowerCutFs, Unsynced};
 
 /// Set in the child: which workload to run (`full`, `normal`, `off`, `relay`).
 const CHILD_ENV: &str = "EDGE_OUTBOX_POWERCUT_CHILD";
@@ -478,11 +478,7 @@ fn corrupt(tally: &mut Tally, said: &Said, db: &Path, why: &str) {
 }
 
 /// The shared loop of the store tests: cut, recover, check, repeat on the same file.
-fn store_cycles(test: &str, mode: &str, default_cycles: u64) -> Option<Tally> {
-    if let Some(reason) = powercut::unavailable() {
-        support::skip(test, &reason);
-        return None;
-    }
+fn store_cycles(test: &str, mode: &str, default_cycles: u64) -> Tally {
     let mut fs = PowerCutFs::mount().expect("mount the power-cut file system");
     let db = fs.path().join("device.db");
     let mut rng = Rng::from_env(test);
@@ -609,14 +605,16 @@ fn store_cycles(test: &str, mode: &str, default_cycles: u64) -> Option<Tally> {
         started.elapsed(),
         fs.counters()
     );
-    Some(tally)
+    tally
 }
 
 #[test]
+#[cfg_attr(
+    eo_skip_fuse,
+    ignore = "needs FUSE: /dev/fuse, and root or fusermount3 (the build warning says why)"
+)]
 fn synchronous_full_keeps_every_returned_commit_and_ack() {
-    let Some(t) = store_cycles("synchronous_full_keeps_every_returned_commit_and_ack", "full", 20) else {
-        return;
-    };
+    let t = store_cycles("synchronous_full_keeps_every_returned_commit_and_ack", "full", 20);
     assert!(t.cycles >= 5, "only {} cycles ran", t.cycles);
     assert!(
         t.commits_returned > 0 && t.acks > 0,
@@ -626,14 +624,16 @@ fn synchronous_full_keeps_every_returned_commit_and_ack() {
 }
 
 #[test]
+#[cfg_attr(
+    eo_skip_fuse,
+    ignore = "needs FUSE: /dev/fuse, and root or fusermount3 (the build warning says why)"
+)]
 fn synchronous_normal_keeps_rows_and_messages_together() {
-    let Some(t) = store_cycles(
+    let t = store_cycles(
         "synchronous_normal_keeps_rows_and_messages_together",
         "normal",
         20,
-    ) else {
-        return;
-    };
+    );
     assert!(t.cycles >= 5, "only {} cycles ran", t.cycles);
     // The file system really forgets: under NORMAL some returned commits are gone after a cut.
     // If none ever were, the cut dropped nothing and the FULL test would prove nothing.
@@ -649,23 +649,27 @@ fn synchronous_normal_keeps_rows_and_messages_together() {
 /// then lost it for good (630 of 1,633 acked commands in one run). `receive` now syncs whatever
 /// the store's mode.
 #[test]
+#[cfg_attr(
+    eo_skip_fuse,
+    ignore = "needs FUSE: /dev/fuse, and root or fusermount3 (the build warning says why)"
+)]
 fn synchronous_normal_outbox_receive_keeps_acked_commands() {
-    let Some(t) = store_cycles(
+    let t = store_cycles(
         "synchronous_normal_outbox_receive_keeps_acked_commands",
         "normal",
         20,
-    ) else {
-        return;
-    };
+    );
     assert!(t.acks > 0, "the child received no command: {t:?}");
     assert_eq!(t.acks_lost, 0, "acked commands lost under NORMAL: {t:?}");
 }
 
 #[test]
+#[cfg_attr(
+    eo_skip_fuse,
+    ignore = "needs FUSE: /dev/fuse, and root or fusermount3 (the build warning says why)"
+)]
 fn control_synchronous_off_loses_returned_commits() {
-    let Some(t) = store_cycles("control_synchronous_off_loses_returned_commits", "off", 6) else {
-        return;
-    };
+    let t = store_cycles("control_synchronous_off_loses_returned_commits", "off", 6);
     assert!(
         t.commits_lost > 0,
         "synchronous = OFF lost nothing in {} cuts: the harness cannot see a missing fsync ({t:?})",
@@ -709,12 +713,12 @@ impl Cloud {
 }
 
 #[test]
+#[cfg_attr(
+    eo_skip_fuse,
+    ignore = "needs FUSE: /dev/fuse, and root or fusermount3 (the build warning says why)"
+)]
 fn relay_under_normal_never_publishes_a_commit_the_cut_erases() {
     let test = "relay_under_normal_never_publishes_a_commit_the_cut_erases";
-    if let Some(reason) = powercut::unavailable() {
-        support::skip(test, &reason);
-        return;
-    }
     let broker = support::Broker::start().expect("broker");
     let sub = support::Subscriber::start(broker.addr(), "orders/#").expect("subscriber");
     let mut fs = PowerCutFs::mount().expect("mount the power-cut file system");
@@ -826,11 +830,11 @@ fn relay_under_normal_never_publishes_a_commit_the_cut_erases() {
 /// The file system's own contract, checked directly with std::fs: unsynced bytes, lengths and
 /// names are lost in a cut; synced ones are kept; a file's fsync does not make its name durable.
 #[test]
+#[cfg_attr(
+    eo_skip_fuse,
+    ignore = "needs FUSE: /dev/fuse, and root or fusermount3 (the build warning says why)"
+)]
 fn file_system_forgets_exactly_what_was_not_synced() {
-    if let Some(reason) = powercut::unavailable() {
-        support::skip("file_system_forgets_exactly_what_was_not_synced", &reason);
-        return;
-    }
     let mut fs = PowerCutFs::mount().expect("mount");
     let dir = fs.path().to_path_buf();
     let sync_dir = |d: &Path| {

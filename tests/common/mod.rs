@@ -1,14 +1,12 @@
-//! Helpers shared by the scenario tests: a store in its own temp dir, running the Python interop
-//! scripts in `tests/python/`, applying commands while waiting for backoff. (The broker, proxy
-//! and crash harnesses live in `tests/support/`.)
+//! Helpers shared by the scenario tests: a store in its own temp dir, applying commands while
+//! waiting for backoff. (The broker, proxy, Python and crash harnesses live in `tests/support/`.)
 
 #![allow(
     dead_code,
     reason = "each test binary uses a different subset of these helpers"
 )]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use edge_outbox::{ApplyOutcome, Envelope, MessageId, Outbox};
@@ -63,38 +61,6 @@ where
             outcome => return Ok(outcome),
         }
     }
-}
-
-/// The `python3` interpreter, or `None` (with a line saying the test is skipped) when there is
-/// none on PATH. Only a missing interpreter skips: a missing `cbor2` module fails the test.
-pub fn python3(test: &str) -> Option<PathBuf> {
-    match Command::new("python3").arg("--version").output() {
-        Ok(out) if out.status.success() => Some(PathBuf::from("python3")),
-        _ => {
-            eprintln!(
-                "SKIPPED {test}: python3 is not on PATH (install python3 and `pip install cbor2` to run \
-                 the interoperability tests; CI does)"
-            );
-            None
-        }
-    }
-}
-
-/// Runs `tests/python/<script>` with `args` and returns its stdout; a non-zero exit fails with
-/// the script's stderr.
-pub fn run_python(python: &Path, script: &str, args: &[&str]) -> TestResult<String> {
-    let script_path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/python")
-        .join(script);
-    let out = Command::new(python).arg(&script_path).args(args).output()?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() {
-        return Err(format!("{script} failed ({}):\n{stderr}", out.status).into());
-    }
-    if !stderr.trim().is_empty() {
-        eprintln!("{script} stderr:\n{stderr}");
-    }
-    Ok(String::from_utf8(out.stdout)?)
 }
 
 /// Unix milliseconds now.

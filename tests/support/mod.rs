@@ -4,6 +4,7 @@
 //!   when it is installed or asked for, rumqttd otherwise; `EDGE_OUTBOX_BROKER` chooses).
 //! - [`child`]: child processes killed when their test ends, fails or panics.
 //! - [`proxy`]: a TCP proxy that cuts, stalls, refuses and half-opens connections on command.
+//! - [`python`]: an interpreter with `cbor2` for the interoperability tests, provisioned once.
 //! - [`subscriber`]: an independent rumqttc client that collects what arrives, and one-shot publishing.
 //! - [`tls`]: a CA, server and client certificates generated at run time (rcgen).
 //!
@@ -16,6 +17,7 @@ pub mod child;
 pub mod device;
 pub mod powercut;
 pub mod proxy;
+pub mod python;
 pub mod subscriber;
 pub mod tls;
 
@@ -30,8 +32,3 @@ use std::time::Duration;
 /// Default bound for waits in tests: generous, because CI machines are slow, and only ever reached
 /// when something is broken (waits return as soon as their condition holds).
 pub const WAIT: Duration = Duration::from_secs(45);
-
-/// Prints why a test is skipped, in a form that is easy to grep for in CI logs (`SKIPPED:`).
-pub fn skip(test: &str, reason: &str) {
-    eprintln!("SKIPPED: {test}: {reason}");
-}

@@ -21,8 +21,8 @@
 //! uses neither `direct_io` nor the writeback cache, so every `write(2)` reaches the file system
 //! at once and mmap'd pages are written back by the kernel.
 //!
-//! Mounting needs root (or `fusermount3`, from Debian's `fuse3` package) and `/dev/fuse`;
-//! [`unavailable`] says why a machine cannot run it.
+//! Mounting needs root (or `fusermount3`, from Debian's `fuse3` package) and `/dev/fuse`; where
+//! they are missing, build.rs marks the tests that mount it as ignored, with the reason.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::{OsStr, OsString};
@@ -44,28 +44,6 @@ const PAGE: usize = 4096;
 /// Attribute and entry cache time. Zero: the kernel asks for every stat, so what it reports is
 /// what this file system holds. (A cut remounts anyway, so this is belt and braces.)
 const TTL: Duration = Duration::ZERO;
-
-/// Why this machine cannot mount the test file system, or `None` if it can.
-pub fn unavailable() -> Option<String> {
-    if !cfg!(target_os = "linux") {
-        return Some("the power-cut file system needs Linux FUSE".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse does not exist (no FUSE in this kernel or container)".into());
-    }
-    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
-    if !root && find_in_path("fusermount3").is_none() && find_in_path("fusermount").is_none() {
-        return Some("not root and no fusermount3 (Debian package fuse3) to mount as a user".into());
-    }
-    None
-}
-
-fn find_in_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
 
 /// Counts since the first mount (they carry over cuts).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
