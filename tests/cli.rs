@@ -7,13 +7,13 @@ mod support;
 use std::borrow::Cow;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use edge_outbox::{ApplyOutcome, Envelope, MessageId, Outbox, Received};
 use serde_json::Value;
 use support::subscriber::QoS;
-use support::{Broker, Subscriber, WAIT};
+use support::{Broker, ChildGuard, Subscriber, WAIT};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -521,7 +521,7 @@ fn help_documents_the_exit_codes() {
 
 /// A relay child process, killed if the test fails before it is stopped.
 struct RelayProcess {
-    child: Child,
+    child: ChildGuard,
     stderr: PathBuf,
 }
 
@@ -547,7 +547,7 @@ impl RelayProcess {
             .stdout(File::create(db.with_extension(format!("{client_id}.stdout")))?)
             .stderr(File::create(&stderr)?);
         Ok(RelayProcess {
-            child: cmd.spawn()?,
+            child: ChildGuard::new(cmd.spawn()?),
             stderr,
         })
     }
@@ -573,13 +573,6 @@ impl RelayProcess {
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-}
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -26,11 +26,12 @@ mod support;
 use std::collections::{BTreeSet, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use edge_outbox::{Envelope, MessageId, Options, Outbox, Received, Relay, Synchronous};
+use support::ChildGuard;
 use support::powercut::{PowerCutFs, Unsynced};
 
 /// Set in the child: which workload to run (`full`, `normal`, `off`, `relay`).
@@ -375,7 +376,8 @@ fn run_child(
     if let Some(addr) = broker {
         cmd.env(BROKER_ENV, addr.to_string());
     }
-    let mut child: Child = cmd.spawn()?;
+    // Killed by pid if this function returns or panics before it does.
+    let mut child = ChildGuard::new(cmd.spawn()?);
     let stdout = child.stdout.take().ok_or("no child stdout")?;
     let (tx, rx) = mpsc::channel::<String>();
     let reader = std::thread::spawn(move || {
