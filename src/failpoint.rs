@@ -10,6 +10,7 @@
 /// Every failpoint name, so a test can check it named one that exists.
 pub const FAILPOINTS: &[&str] = &[
     "after-business-commit",
+    "after-publish-before-puback",
     "after-puback-before-mark",
     "mid-mark",
     "command-stored-before-ack",

@@ -37,6 +37,8 @@ mod error;
 #[doc(hidden)]
 pub mod failpoint;
 mod mqtt;
+#[doc(hidden)]
+pub mod mutant;
 mod relay;
 mod store;
 mod time;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
-use rumqttc::{Client, Event, Packet, QoS, SubscribeReasonCode};
+use rumqttc::{Client, Event, Outgoing, Packet, QoS, SubscribeReasonCode};
 use rusqlite::Connection;
 
 use crate::error::Result;
@@ -46,8 +46,51 @@ impl CommandSession {
             connect_timeout,
         } = self;
         let mut store_backoff = backoff.clone();
+        let mut unstored: Vec<rumqttc::Publish> = Vec::new();
+        let mut store = |publish: &rumqttc::Publish| -> Result<Flow> {
+            let received = loop {
+                match inbox_receive(&conn, &options, &publish.topic, &publish.payload) {
+                    Ok(r) => break r,
+                    Err(e) => {
+                        tracing::error!(error = %e, topic = %publish.topic, "could not store a command; retrying");
+                        status.set_error(format!("storing a command: {e}"));
+                        if stop.recv_timeout(store_backoff.next_delay())
+                            != Err(crossbeam_channel::RecvTimeoutError::Timeout)
+                        {
+                            // Shutting down: leave it unacknowledged; the broker redelivers.
+                            return Ok(Flow::Stop);
+                        }
+                    }
+                }
+            };
+            store_backoff.reset();
+            match &received {
+                Received::Stored(id) => {
+                    tracing::debug!(%id, topic = %publish.topic, "command stored");
+                    status.on_command(false);
+                    let _ = arrivals.try_send(());
+                }
+                Received::Duplicate(id) => {
+                    tracing::debug!(%id, "duplicate command delivery ignored");
+                    status.on_command(true);
+                }
+                Received::DeadLettered { .. } => {}
+            }
+            Ok(Flow::Continue)
+        };
         drive(connection, &stop, backoff, connect_timeout, |signal| {
             match signal {
+                // The mutant's second half: its ack is on the wire; now the crash window, then
+                // the store.
+                Signal::Event(Event::Outgoing(Outgoing::PubAck(pkid))) if !unstored.is_empty() => {
+                    if let Some(i) = unstored.iter().position(|p| p.pkid == pkid) {
+                        let publish = unstored.remove(i);
+                        crate::failpoint::hit("command-stored-before-ack");
+                        if store(&publish)? == Flow::Stop {
+                            return Ok(Flow::Stop);
+                        }
+                    }
+                }
                 Signal::Event(Event::Incoming(Packet::ConnAck(ack))) => {
                     tracing::info!(session_present = ack.session_present, %filter, "command session connected");
                     if let Err(e) = client.try_subscribe(filter.as_str(), QoS::AtLeastOnce) {
@@ -69,38 +112,21 @@ impl CommandSession {
                         status.set_commands_connected(true);
                     }
                 }
+                Signal::Event(Event::Incoming(Packet::Publish(publish)))
+                    if crate::mutant::active("ack-before-commit") =>
+                {
+                    // Broken on purpose: acknowledged now, stored once the ack is sent. A crash
+                    // in between loses the command.
+                    let _ = client.try_ack(&publish);
+                    unstored.push(publish);
+                }
                 Signal::Event(Event::Incoming(Packet::Publish(publish))) => {
                     // Store first; until it is stored the delivery is not acknowledged, and
                     // neither is anything after it (acks go in order).
-                    let received = loop {
-                        match inbox_receive(&conn, &options, &publish.topic, &publish.payload) {
-                            Ok(r) => break r,
-                            Err(e) => {
-                                tracing::error!(error = %e, topic = %publish.topic, "could not store a command; retrying");
-                                status.set_error(format!("storing a command: {e}"));
-                                if stop.recv_timeout(store_backoff.next_delay())
-                                    != Err(crossbeam_channel::RecvTimeoutError::Timeout)
-                                {
-                                    // Shutting down: leave it unacknowledged; the broker redelivers.
-                                    return Ok(Flow::Stop);
-                                }
-                            }
-                        }
-                    };
-                    store_backoff.reset();
-                    crate::failpoint::hit("command-stored-before-ack");
-                    match &received {
-                        Received::Stored(id) => {
-                            tracing::debug!(%id, topic = %publish.topic, "command stored");
-                            status.on_command(false);
-                            let _ = arrivals.try_send(());
-                        }
-                        Received::Duplicate(id) => {
-                            tracing::debug!(%id, "duplicate command delivery ignored");
-                            status.on_command(true);
-                        }
-                        Received::DeadLettered { .. } => {}
+                    if store(&publish)? == Flow::Stop {
+                        return Ok(Flow::Stop);
                     }
+                    crate::failpoint::hit("command-stored-before-ack");
                     if let Err(e) = client.try_ack(&publish) {
                         // Without this ack no later one may be sent: start a new connection
                         // and let the broker redeliver (the inbox recognises the duplicate).
@@ -110,6 +136,12 @@ impl CommandSession {
                 }
                 Signal::Event(_) => {}
                 Signal::Disconnected(error) => {
+                    // (Mutant only) acks that never reached the wire: store what they were for.
+                    for publish in std::mem::take(&mut unstored) {
+                        if store(&publish)? == Flow::Stop {
+                            return Ok(Flow::Stop);
+                        }
+                    }
                     status.set_commands_connected(false);
                     tracing::warn!(%error, "command session disconnected");
                     status.set_error(format!("command session: {error}"));

@@ -48,6 +48,11 @@ struct State {
     ready: VecDeque<Ready>,
     /// Highest sequence number read so far on this connection.
     cursor: i64,
+    /// Highest sequence number handed to rumqttc, on any connection.
+    highest_submitted: i64,
+    /// Rows up to this number were handed to rumqttc on an earlier connection: handing one over
+    /// again is a resend.
+    resend_through: i64,
     /// The last read found no more rows; read again only when something may have changed.
     at_end: bool,
     /// The last read failed; retry at the next idle tick.
@@ -77,6 +82,8 @@ impl Publisher {
             tracker: Tracker::default(),
             ready: VecDeque::new(),
             cursor: 0,
+            highest_submitted: 0,
+            resend_through: 0,
             at_end: false,
             read_failed: false,
             durable_through: 0,
@@ -150,7 +157,12 @@ impl Publisher {
                 self.marks.sync(&mut s.acked);
                 s.tracker.reset();
                 s.ready.clear();
-                s.cursor = 0;
+                s.cursor = if crate::mutant::active("skip-resume") {
+                    s.highest_submitted
+                } else {
+                    0
+                };
+                s.resend_through = s.highest_submitted;
                 s.at_end = false;
                 s.connected = true;
                 self.status.on_connected();
@@ -159,7 +171,13 @@ impl Publisher {
                     let _ = self.client.try_publish(topic, QoS::AtMostOnce, true, "online");
                 }
             }
-            Msg::Event(Event::Outgoing(Outgoing::Publish(pkid))) => s.tracker.on_publish(pkid),
+            Msg::Event(Event::Outgoing(Outgoing::Publish(pkid))) => {
+                s.tracker.on_publish(pkid);
+                // On the wire, not yet acknowledged (QoS 0 status messages report id 0).
+                if pkid != 0 {
+                    crate::failpoint::hit("after-publish-before-puback");
+                }
+            }
             Msg::Event(Event::Outgoing(Outgoing::AwaitAck(pkid))) => s.tracker.on_await_ack(pkid),
             Msg::Event(Event::Incoming(Packet::PubAck(ack))) => {
                 if let Some(seq) = s.tracker.on_puback(ack.pkid) {
@@ -172,6 +190,7 @@ impl Publisher {
             Msg::Disconnected(error, reply) => {
                 if s.connected {
                     tracing::warn!(%error, in_flight = s.tracker.in_flight(), "relay disconnected");
+                    self.status.on_connection_lost();
                 } else {
                     tracing::debug!(%error, "relay connection attempt failed");
                 }
@@ -209,7 +228,12 @@ impl Publisher {
             {
                 Ok(()) => {
                     s.tracker.submit(row.seq);
-                    self.status.on_published(s.tracker.in_flight());
+                    self.status
+                        .on_published(s.tracker.in_flight(), row.seq <= s.resend_through);
+                    s.highest_submitted = s.highest_submitted.max(row.seq);
+                    if crate::mutant::active("mark-before-puback") {
+                        s.acked.push(row.seq);
+                    }
                 }
                 Err(e) => {
                     // The request channel is sized above the window, so this means the
@@ -233,7 +257,11 @@ impl Publisher {
             source: &self.config.source,
             max_packet: self.config.mqtt.packet_limit(),
         };
+        let before = s.ready.len();
         let read = rows::read_after(&self.conn, &enc, s.cursor, limit, &mut s.ready, &mut bad)?;
+        if crate::mutant::active("reorder") {
+            s.ready.make_contiguous()[before..].reverse();
+        }
         if let Some(last) = read.last_seq
             && last > s.durable_through
             && self.options.synchronous == Synchronous::Normal

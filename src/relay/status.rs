@@ -20,12 +20,17 @@ pub struct Status {
     pub in_flight: u64,
     /// Messages handed to the broker since start (resends count again).
     pub published: u64,
+    /// Of those, messages handed over again after a reconnect because their PUBACK had not
+    /// arrived (at-least-once at work: each is a possible duplicate downstream).
+    pub resent: u64,
     /// PUBACKs received for outbox rows since start.
     pub acknowledged: u64,
     /// Outbox rows moved to the dead letters since start.
     pub dead_lettered: u64,
     /// Successful connections of the publishing session since start.
     pub connections: u64,
+    /// Connections of the publishing session lost since start (failed attempts not counted).
+    pub disconnects: u64,
     /// Command deliveries stored since start.
     pub commands_received: u64,
     /// Command deliveries recognised as duplicates since start.
@@ -42,9 +47,11 @@ pub(crate) struct StatusCell {
     commands_connected: AtomicBool,
     in_flight: AtomicU64,
     published: AtomicU64,
+    resent: AtomicU64,
     acknowledged: AtomicU64,
     dead_lettered: AtomicU64,
     connections: AtomicU64,
+    disconnects: AtomicU64,
     commands_received: AtomicU64,
     commands_duplicate: AtomicU64,
     commands_applied: AtomicU64,
@@ -56,6 +63,10 @@ impl StatusCell {
         self.connected.store(true, Relaxed);
         self.in_flight.store(0, Relaxed);
         self.connections.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn on_connection_lost(&self) {
+        self.disconnects.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn on_disconnected(&self, error: String) {
@@ -72,8 +83,11 @@ impl StatusCell {
         self.commands_connected.store(connected, Relaxed);
     }
 
-    pub(crate) fn on_published(&self, in_flight: usize) {
+    pub(crate) fn on_published(&self, in_flight: usize, resend: bool) {
         self.published.fetch_add(1, Relaxed);
+        if resend {
+            self.resent.fetch_add(1, Relaxed);
+        }
         self.in_flight.store(in_flight as u64, Relaxed);
     }
 
@@ -117,9 +131,11 @@ impl StatusCell {
                 .clone(),
             in_flight: self.in_flight.load(Relaxed),
             published: self.published.load(Relaxed),
+            resent: self.resent.load(Relaxed),
             acknowledged: self.acknowledged.load(Relaxed),
             dead_lettered: self.dead_lettered.load(Relaxed),
             connections: self.connections.load(Relaxed),
+            disconnects: self.disconnects.load(Relaxed),
             commands_received: self.commands_received.load(Relaxed),
             commands_duplicate: self.commands_duplicate.load(Relaxed),
             commands_applied: self.commands_applied.load(Relaxed),

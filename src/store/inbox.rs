@@ -179,6 +179,12 @@ const NEXT_DUE: &str = "
                       WHERE o.key = i.key AND o.seq < i.seq AND o.applied_at IS NULL AND o.dead_at IS NULL)
     ORDER BY seq LIMIT 1";
 
+/// `NEXT_DUE` without its `applied_at IS NULL` guard: the `double-apply` mutant.
+const NEXT_DUE_UNGUARDED: &str = "
+    SELECT seq, id, topic, key, payload, event_type, headers, source, attempts FROM inbox AS i
+    WHERE dead_at IS NULL AND next_attempt_at <= ?1
+    ORDER BY seq LIMIT 1";
+
 /// When the earliest command that is first in its key becomes due.
 const NEXT_DUE_AT: &str = "
     SELECT min(next_attempt_at) FROM inbox AS i
@@ -193,8 +199,13 @@ where
 {
     let now = now_ms();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let double_apply = crate::mutant::active("double-apply");
     let next = tx
-        .prepare_cached(NEXT_DUE)?
+        .prepare_cached(if double_apply {
+            NEXT_DUE_UNGUARDED
+        } else {
+            NEXT_DUE
+        })?
         .query_row([now], |r| {
             Ok((
                 r.get::<_, i64>(0)?,
@@ -246,10 +257,15 @@ where
             let marked = t
                 .prepare_cached(
                     "UPDATE inbox SET applied_at = ?2, attempts = attempts + 1,
-                            payload = CASE WHEN ?3 THEN payload END
-                     WHERE seq = ?1 AND applied_at IS NULL AND dead_at IS NULL",
+                            payload = CASE WHEN ?3 OR ?4 THEN payload END
+                     WHERE seq = ?1 AND (applied_at IS NULL OR ?4) AND dead_at IS NULL",
                 )?
-                .execute(params![seq, now_ms(), options.keep_applied_payloads])?;
+                .execute(params![
+                    seq,
+                    now_ms(),
+                    options.keep_applied_payloads,
+                    double_apply
+                ])?;
             if marked != 1 {
                 // Unreachable under the write lock, but never commit an effect for a command
                 // another worker applied: dropping `t` rolls this one back.

@@ -15,6 +15,12 @@ pub struct Verdict {
     pub scenario: String,
     /// Crashes, cuts or restarts injected.
     pub faults: usize,
+    /// Of those, how many the device was seen to experience (a disconnect its relay counted, a
+    /// crash it restarted from), where the scenario checks; `None` where every fault is a process
+    /// kill, experienced by construction.
+    pub experienced: Option<usize>,
+    /// Whether this scenario allows `lost_by_broker` (it kills the broker).
+    pub allow_broker_loss: bool,
     /// Business rows committed (orders in the device's database).
     pub committed: usize,
     /// Order messages delivered to the consumer, duplicates included.
@@ -24,9 +30,13 @@ pub struct Verdict {
     pub received: usize,
     /// Committed orders whose message never arrived, though the device never saw it acknowledged.
     pub lost: usize,
-    /// Committed orders acknowledged by a broker that was then killed before delivering them.
+    /// Committed orders acknowledged by a broker that was then killed before delivering them
+    /// (known only with sent-row retention; without it they count as `lost`).
     pub lost_by_broker: usize,
-    /// Messages delivered with no committed row behind them.
+    /// Committed orders whose message the device moved to the dead letters.
+    pub dead_lettered: usize,
+    /// Messages delivered with no committed row behind them (a rolled-back transaction's, or one
+    /// whose content differs from what committed).
     pub phantom: usize,
     /// Keys whose first arrivals are not in commit order.
     pub out_of_order_keys: usize,
@@ -41,6 +51,8 @@ pub struct Verdict {
     pub missing_effects: usize,
     /// Balances that differ from the sum of the commands sent.
     pub wrong_balances: usize,
+    /// Other problems a scenario found.
+    pub notes: Vec<String>,
 }
 
 impl Verdict {
@@ -53,38 +65,63 @@ impl Verdict {
             }
         };
         bad(self.lost, "lost");
+        if !self.allow_broker_loss {
+            bad(
+                self.lost_by_broker,
+                "lost after the broker acknowledged them, with no broker killed",
+            );
+        }
+        bad(self.dead_lettered, "dead-lettered");
         bad(self.phantom, "phantom");
         bad(self.out_of_order_keys, "keys out of order");
         bad(self.reminted, "orders announced under two ids");
         bad(self.double_effects, "double effects");
         bad(self.missing_effects, "commands never applied");
         bad(self.wrong_balances, "wrong balances");
+        if let Some(seen) = self.experienced
+            && seen < self.faults
+        {
+            p.push(format!(
+                "{} of {} faults never experienced by the relay",
+                self.faults - seen,
+                self.faults
+            ));
+        }
+        p.extend(self.notes.iter().cloned());
         p
     }
 }
 
+/// An order: its number, key and amount, as committed and as its message carries it.
+type Order = (i64, String, i64);
+
 /// A command the orchestrator sent: id, account, amount.
 pub type SentCommand = (MessageId, String, i64);
 
-pub fn judge(
-    scenario: &str,
-    faults: usize,
-    db: &Path,
-    delivered: &[Message],
-    commands: &[SentCommand],
-) -> Verdict {
+pub fn judge(scenario: &str, db: &Path, delivered: &[Message], commands: &[SentCommand]) -> Verdict {
     let conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("open device db");
     let mut v = Verdict {
         scenario: scenario.to_owned(),
-        faults,
         commands_sent: commands.len(),
         ..Verdict::default()
     };
 
-    // What the device committed, in commit order.
-    let orders: Vec<(i64, String)> = rows(&conn, "SELECT n, key FROM orders ORDER BY n");
+    // What the device (and any foreign writer) committed, in commit order per key: each key has
+    // one writer, which numbers its orders in the order it commits them.
+    let orders: Vec<Order> = rows(&conn, "SELECT n, key, amount FROM orders ORDER BY n");
     v.committed = orders.len();
-    let committed: HashSet<i64> = orders.iter().map(|(n, _)| *n).collect();
+    let committed: HashSet<&Order> = orders.iter().collect();
+    let dead: HashSet<i64> = rows::<Vec<u8>>(
+        &conn,
+        "SELECT payload FROM dead_letters WHERE origin = 'outbox' AND topic LIKE 'orders/%'",
+    )
+    .iter()
+    .filter_map(|p| {
+        edge_outbox::envelope::from_cbor::<Order>(p)
+            .ok()
+            .map(|(n, _, _)| n)
+    })
+    .collect();
     // Rows the broker acknowledged (kept when the scenario asks for sent retention).
     let acked: HashSet<i64> = rows::<Vec<u8>>(
         &conn,
@@ -104,11 +141,12 @@ pub fn judge(
     let mut seen_ids = HashSet::new();
     for m in delivered.iter().filter(|m| m.topic.starts_with("orders/")) {
         let env = Envelope::decode(&m.payload).expect("delivered envelope decodes");
-        let (n, key, _amount): (i64, String, i64) = env.payload_as().expect("order payload");
+        let order: Order = env.payload_as().expect("order payload");
         v.published += 1;
-        if !committed.contains(&n) {
+        if !committed.contains(&order) {
             v.phantom += 1;
         }
+        let (n, key, _) = order;
         match id_of.insert(n, env.id) {
             Some(previous) if previous != env.id => v.reminted += 1,
             _ => {}
@@ -119,9 +157,11 @@ pub fn judge(
     }
     v.received = seen_ids.len();
     v.duplicates = v.published - v.received;
-    for (n, _) in &orders {
+    for (n, _, _) in &orders {
         if !id_of.contains_key(n) {
-            if acked.contains(n) {
+            if dead.contains(n) {
+                v.dead_lettered += 1;
+            } else if acked.contains(n) {
                 v.lost_by_broker += 1;
             } else {
                 v.lost += 1;
@@ -178,9 +218,9 @@ impl FromRow for Vec<u8> {
     }
 }
 
-impl FromRow for (i64, String) {
+impl FromRow for Order {
     fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
-        Ok((r.get(0)?, r.get(1)?))
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?))
     }
 }
 
@@ -190,39 +230,75 @@ impl FromRow for (String, i64) {
     }
 }
 
-/// Prints the verdicts as the first article's table, with real processes behind it.
-pub fn print_table(verdicts: &[Verdict]) {
-    println!();
-    println!(
-        "{:<36} {:>6} {:>9} {:>9} {:>5} {:>9} {:>5} {:>8} {:>7} {:>8} {:>7} {:>6}",
+/// The report table, as text for the terminal and as Markdown for docs/reliability.md.
+pub fn table(verdicts: &[Verdict], markdown: bool) -> String {
+    let header = [
         "scenario",
         "faults",
+        "seen",
         "committed",
-        "published",
+        "delivered",
         "dups",
-        "received",
         "lost",
         "brk-lost",
+        "dead",
         "phantom",
         "commands",
         "effects",
-        "double"
-    );
-    for v in verdicts {
-        println!(
-            "{:<36} {:>6} {:>9} {:>9} {:>5} {:>9} {:>5} {:>8} {:>7} {:>8} {:>7} {:>6}",
-            v.scenario,
-            v.faults,
-            v.committed,
-            v.published,
-            v.duplicates,
-            v.received,
-            v.lost,
-            v.lost_by_broker,
-            v.phantom,
-            v.commands_sent,
-            v.effects,
-            v.double_effects
-        );
+        "double",
+    ];
+    let rows: Vec<Vec<String>> = verdicts
+        .iter()
+        .map(|v| {
+            let seen = v.experienced.map_or("kill".to_owned(), |n| n.to_string());
+            vec![
+                v.scenario.clone(),
+                v.faults.to_string(),
+                seen,
+                v.committed.to_string(),
+                v.received.to_string(),
+                v.duplicates.to_string(),
+                v.lost.to_string(),
+                v.lost_by_broker.to_string(),
+                v.dead_lettered.to_string(),
+                v.phantom.to_string(),
+                v.commands_sent.to_string(),
+                v.effects.to_string(),
+                v.double_effects.to_string(),
+            ]
+        })
+        .collect();
+    let mut out = String::new();
+    if markdown {
+        out.push_str(&format!("| {} |\n", header.join(" | ")));
+        out.push_str(&format!("|{}\n", "---|".repeat(header.len())));
+        for r in &rows {
+            out.push_str(&format!("| {} |\n", r.join(" | ")));
+        }
+        return out;
     }
+    let width = |i: usize| {
+        rows.iter()
+            .map(|r| r[i].len())
+            .chain([header[i].len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let line = |cells: Vec<&str>| {
+        let mut l = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i == 0 {
+                l.push_str(&format!("{c:<w$}", w = width(0)));
+            } else {
+                l.push_str(&format!(" {c:>w$}", w = width(i)));
+            }
+        }
+        l.push('\n');
+        l
+    };
+    out.push_str(&line(header.to_vec()));
+    for r in &rows {
+        out.push_str(&line(r.iter().map(String::as_str).collect()));
+    }
+    out
 }

@@ -8,7 +8,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use edge_outbox::{Error, MqttConfig, Options, Outbox, Relay, RelayConfig};
+use edge_outbox::{Error, MqttConfig, Options, Outbox, Relay, RelayConfig, Status, Synchronous};
 
 /// How the orchestrator configures a device run (environment variables, so a restart is the same
 /// command line).
@@ -22,7 +22,15 @@ impl DeviceEnv {
     pub const PACE_US: &'static str = "CRASH_DEVICE_PACE_US";
     pub const MAX_PAGES: &'static str = "CRASH_DEVICE_MAX_PAGES";
     pub const KEEP_SENT: &'static str = "CRASH_DEVICE_KEEP_SENT";
+    /// `normal`: the device's store runs with `synchronous = NORMAL` (default FULL).
+    pub const SYNC: &'static str = "CRASH_DEVICE_SYNC";
+    /// Every n-th order attempt publishes and then rolls back (default 7; 0: never).
+    pub const ROLLBACK_EVERY: &'static str = "CRASH_DEVICE_ROLLBACK_EVERY";
 }
+
+/// The amount a rolled-back order announces: no committed order has it, so a delivered message
+/// carrying it is a phantom whatever its number.
+pub const ROLLED_BACK: i64 = -1;
 
 pub const COMMAND_FILTER: &str = "device/commands/#";
 /// The device's MQTT client ids: publishing, and the persistent command session.
@@ -65,7 +73,11 @@ pub fn run() -> Result<(), Error> {
     let commands = num(DeviceEnv::COMMANDS, 0) as i64;
     let pace = Duration::from_micros(num(DeviceEnv::PACE_US, 0));
 
+    let rollback_every = num(DeviceEnv::ROLLBACK_EVERY, 7);
     let mut options = Options::new();
+    if var(DeviceEnv::SYNC).as_deref() == Some("normal") {
+        options = options.synchronous(Synchronous::Normal);
+    }
     if var(DeviceEnv::KEEP_SENT).is_some() {
         // Acknowledged rows are kept, so the checker can tell a broker's loss from the device's.
         options = options.sent_retention(Duration::from_secs(86_400));
@@ -114,13 +126,41 @@ pub fn run() -> Result<(), Error> {
     // "ready" on every (re)subscription of the command session, so the orchestrator knows when
     // commands it sends will be queued for this device.
     let mut subscribed = false;
-    let next: i64 = outbox
-        .with_connection(|c| c.query_row("SELECT coalesce(max(n), 0) + 1 FROM orders", [], |r| r.get(0)))?;
+    let next: i64 = outbox.with_connection(|c| {
+        c.query_row(
+            "SELECT coalesce(max(n), 0) + 1 FROM orders WHERE n < ?1",
+            [super::writer::WRITER_BASE],
+            |r| r.get(0),
+        )
+    })?;
     let mut full_reported = false;
+    let mut reported = Reported::default();
     let mut n = next;
+    let mut attempt: u64 = 0;
     while n <= orders {
-        announce(&mut subscribed, relay.status()?.commands_connected);
+        let status = relay.status()?;
+        announce(&mut subscribed, status.commands_connected);
+        reported.say_if_changed(&status);
         let key = order_key(n);
+        attempt += 1;
+        if rollback_every > 0 && attempt.is_multiple_of(rollback_every) {
+            // A transaction that publishes and then fails: neither its row nor its message may
+            // ever be seen.
+            let declined = outbox.transaction(|tx| {
+                tx.execute("INSERT INTO orders VALUES (?1, ?2, ?3)", (n, &key, ROLLED_BACK))?;
+                tx.publish(&format!("orders/{key}"), &key, &(n, &key, ROLLED_BACK))?;
+                Err::<(), _>(Error::InvalidConfig("declined".into()))
+            });
+            match declined {
+                Err(Error::InvalidConfig(_)) => {}
+                Err(Error::DiskFull | Error::StorageFull { .. } | Error::Busy) => {}
+                other => {
+                    return Err(Error::InvalidConfig(format!(
+                        "a declined transaction returned {other:?}"
+                    )));
+                }
+            }
+        }
         let result = outbox.transaction(|tx| {
             tx.execute("INSERT INTO orders VALUES (?1, ?2, ?3)", (n, &key, n * 10))?;
             tx.publish(&format!("orders/{key}"), &key, &(n, &key, n * 10))?;
@@ -143,23 +183,65 @@ pub fn run() -> Result<(), Error> {
             std::thread::sleep(pace);
         }
     }
-    // Publish everything and apply every expected command, then stop cleanly.
+    // Publish everything and apply every expected command, then stop cleanly. What is left is
+    // said as it changes, so the orchestrator sees a run that no longer moves.
+    let mut waiting = String::new();
     loop {
         let status = relay.status()?;
         announce(&mut subscribed, status.commands_connected);
-        let applied: i64 = outbox.with_connection(|c| {
+        reported.say_if_changed(&status);
+        let (applied, effects): (i64, i64) = outbox.with_connection(|c| {
             c.query_row(
-                "SELECT count(*) FROM inbox WHERE applied_at IS NOT NULL",
+                "SELECT (SELECT count(*) FROM inbox WHERE applied_at IS NOT NULL),
+                        (SELECT count(*) FROM ledger)",
                 [],
-                |r| r.get(0),
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
         })?;
         if status.store.pending_messages == 0 && status.store.inbox_unapplied == 0 && applied >= commands {
             break;
         }
+        let now = format!(
+            "waiting pending={} unapplied={} applied={applied}/{commands} effects={effects}",
+            status.store.pending_messages, status.store.inbox_unapplied
+        );
+        if now != waiting {
+            say(&now);
+            waiting = now;
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
+    let status = relay.status()?;
+    reported.say_if_changed(&status);
     relay.shutdown()?;
     say("done");
     Ok(())
+}
+
+/// The relay's connection counters as last said to the orchestrator (`status ...` lines), which
+/// checks that the faults it injected were experienced.
+#[derive(Default, PartialEq, Eq)]
+struct Reported {
+    connected: bool,
+    connections: u64,
+    disconnects: u64,
+    resent: u64,
+}
+
+impl Reported {
+    fn say_if_changed(&mut self, status: &Status) {
+        let now = Reported {
+            connected: status.connected,
+            connections: status.connections,
+            disconnects: status.disconnects,
+            resent: status.resent,
+        };
+        if now != *self {
+            say(&format!(
+                "status connected={} connections={} disconnects={} resent={}",
+                now.connected, now.connections, now.disconnects, now.resent
+            ));
+            *self = now;
+        }
+    }
 }

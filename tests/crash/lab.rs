@@ -1,9 +1,11 @@
 //! The orchestrator's bench: a broker, an optional proxy, the consumer, the device's database,
 //! and the device itself as a child process that can be started, killed and restarted.
 
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
@@ -12,7 +14,8 @@ use rumqttc::QoS;
 
 use super::checker::{self, SentCommand, Verdict};
 use super::device::{COMMAND_CLIENT_ID, COMMAND_FILTER, DeviceEnv};
-use super::support::{Broker, Proxy, Subscriber, WAIT, publish_raw};
+use super::support::{Broker, ChildGuard, Proxy, Subscriber, WAIT, publish_raw};
+use super::writer::{WRITER_BASE, WriterEnv};
 
 pub struct Lab {
     pub broker: Broker,
@@ -25,6 +28,10 @@ pub struct Lab {
     pub env: Vec<(&'static str, String)>,
     pub commands: Vec<SentCommand>,
     next_command: i64,
+    /// The one loss a scenario may allow: what a killed broker had acknowledged and not delivered.
+    pub allow_broker_loss: bool,
+    /// Foreign writer processes started so far (their ids).
+    writers: u32,
 }
 
 impl Lab {
@@ -58,6 +65,8 @@ impl Lab {
             env: Vec::new(),
             commands: Vec::new(),
             next_command: 1,
+            allow_broker_loss: false,
+            writers: 0,
         }
     }
 
@@ -83,14 +92,44 @@ impl Lab {
         let mut child = cmd.spawn().expect("spawn device");
         let stdout = child.stdout.take().expect("device stdout");
         let (tx, rx) = crossbeam_channel::unbounded();
+        let seen = Arc::new(Mutex::new(RelaySeen::default()));
+        let seen_by_reader = seen.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(status) = line.strip_prefix("status ") {
+                    *seen_by_reader.lock().unwrap_or_else(PoisonError::into_inner) = RelaySeen::parse(status);
+                    continue;
+                }
                 if tx.send((Instant::now(), line)).is_err() {
                     break;
                 }
             }
         });
-        Device { child, lines: rx }
+        Device {
+            child: ChildGuard::new(child),
+            lines: rx,
+            seen,
+        }
+    }
+
+    /// Starts foreign writer number `self.writers + 1`, committing `orders` orders through the
+    /// SQL contract (see `writer.rs`); returns it and its id.
+    pub fn start_writer(&mut self, orders: u64) -> ChildGuard {
+        self.writers += 1;
+        self.writer(self.writers, orders)
+    }
+
+    /// (Re)starts writer `id` (it resumes after the last order it committed).
+    pub fn writer(&self, id: u32, orders: u64) -> ChildGuard {
+        let child = Command::new(std::env::current_exe().expect("own path"))
+            .arg("--writer")
+            .env(WriterEnv::DB, &self.db)
+            .env(WriterEnv::ID, id.to_string())
+            .env(WriterEnv::ORDERS, orders.to_string())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn writer");
+        ChildGuard::new(child)
     }
 
     /// Sends `n` credit commands to the device's command topic (directly to the broker; the
@@ -127,22 +166,61 @@ impl Lab {
     /// have every committed order (bounded) and judges.
     pub fn finish(&self, scenario: &str, faults: usize) -> Verdict {
         let mut device = self.start(None);
-        let done = device.wait_line("done", Duration::from_secs(120));
-        let status = device.wait_exit(Duration::from_secs(20));
-        assert!(
-            done && status.success(),
-            "{scenario}: the final device run did not finish cleanly ({status:?})"
-        );
-        let committed = self.committed_orders();
-        let deadline = Instant::now() + WAIT;
-        while Instant::now() < deadline {
-            let got = self.received_orders();
-            if committed.iter().all(|n| got.contains(n)) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let stuck = self.wait_done(&mut device);
+        if stuck.is_some() {
+            device.kill();
+        } else {
+            let status = device.wait_exit(Duration::from_secs(20));
+            assert!(
+                status.success(),
+                "{scenario}: the final device run failed ({status:?})"
+            );
         }
-        checker::judge(scenario, faults, &self.db, &self.sub.messages(), &self.commands)
+        self.wait_for_orders();
+        let mut verdict = checker::judge(scenario, &self.db, &self.sub.messages(), &self.commands);
+        verdict.faults = faults;
+        verdict.allow_broker_loss = self.allow_broker_loss;
+        verdict.notes.extend(stuck);
+        verdict
+    }
+
+    /// Waits for the final run's "done". `None` once it is said; otherwise why the wait ended:
+    /// more effects than commands were sent (a double apply, certain already), the device's
+    /// "waiting ..." report unchanged for `STUCK` (it will not finish: say, a command it waits for
+    /// was lost), or no "done" within 120 s.
+    fn wait_done(&self, device: &mut Device) -> Option<String> {
+        const STUCK: Duration = Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut last = String::from("(nothing said)");
+        loop {
+            let wait = STUCK.min(deadline.saturating_duration_since(Instant::now()));
+            match device.next_line(wait) {
+                Some(line) if line == "done" => return None,
+                Some(line) => {
+                    if let Some(effects) = line
+                        .split_whitespace()
+                        .find_map(|f| f.strip_prefix("effects="))
+                        .and_then(|e| e.parse::<usize>().ok())
+                        && effects > self.commands.len()
+                    {
+                        return Some(format!("the final run applied commands twice: {line}"));
+                    }
+                    if line.starts_with("waiting ") {
+                        last = line;
+                    }
+                }
+                None if device.exited().is_some() => {
+                    return Some(format!(
+                        "the final run exited with {:?} before it was done: {last}",
+                        device.exited()
+                    ));
+                }
+                None if Instant::now() >= deadline => {
+                    return Some(format!("the final run did not finish in 120 s: {last}"));
+                }
+                None => return Some(format!("the final run stopped moving for {STUCK:?}: {last}")),
+            }
+        }
     }
 
     fn committed_orders(&self) -> Vec<i64> {
@@ -154,30 +232,95 @@ impl Lab {
             .expect("rows")
     }
 
-    fn received_orders(&self) -> std::collections::HashSet<i64> {
-        self.sub
-            .messages()
-            .iter()
-            .filter(|m| m.topic.starts_with("orders/"))
-            .filter_map(|m| Envelope::decode(&m.payload).ok())
-            .filter_map(|e| e.payload_as::<(i64, String, i64)>().ok().map(|(n, _, _)| n))
-            .collect()
+    /// Waits until the consumer has every committed order, or nothing arrived for `QUIET` (the
+    /// device has finished: everything it published was acknowledged, so what is still missing
+    /// then is lost, and waiting longer only delays the verdict), or `WAIT`.
+    fn wait_for_orders(&self) {
+        const QUIET: Duration = Duration::from_secs(5);
+        let mut missing: HashSet<i64> = self.committed_orders().into_iter().collect();
+        let mut decoded = 0;
+        let deadline = Instant::now() + WAIT;
+        while !missing.is_empty() && Instant::now() < deadline {
+            let before = decoded;
+            self.sub.wait_messages(QUIET, |msgs| {
+                for m in &msgs[decoded..] {
+                    if let Some(n) = order_number(m) {
+                        missing.remove(&n);
+                    }
+                }
+                decoded = msgs.len();
+                missing.is_empty()
+            });
+            if decoded == before {
+                break;
+            }
+        }
     }
 
-    /// The highest order number committed so far.
+    /// The highest order number the device (not a foreign writer) committed so far.
     pub fn last_order(&self) -> u64 {
-        self.committed_orders().into_iter().max().unwrap_or(0) as u64
+        self.committed_orders()
+            .into_iter()
+            .filter(|&n| n < WRITER_BASE)
+            .max()
+            .unwrap_or(0) as u64
     }
+
+    /// Sets (or replaces) one of the device's environment variables for its next start.
+    pub fn set_env(&mut self, name: &'static str, value: &str) {
+        self.env.retain(|(k, _)| *k != name);
+        self.env.push((name, value.to_owned()));
+    }
+}
+
+/// The order number an order message carries, if it is one.
+fn order_number(m: &super::support::Message) -> Option<i64> {
+    if !m.topic.starts_with("orders/") {
+        return None;
+    }
+    let env = Envelope::decode(&m.payload).ok()?;
+    env.payload_as::<(i64, String, i64)>().ok().map(|(n, _, _)| n)
 }
 
 /// A running device process.
 pub struct Device {
-    child: Child,
-    /// Protocol lines, with when they were read.
+    child: ChildGuard,
+    /// Protocol lines, with when they were read (status lines go to `seen` instead).
     lines: Receiver<(Instant, String)>,
+    seen: Arc<Mutex<RelaySeen>>,
+}
+
+/// What the device's relay last said about its connection (its `status ...` lines).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RelaySeen {
+    pub connected: bool,
+    pub connections: u64,
+    pub disconnects: u64,
+    pub resent: u64,
+}
+
+impl RelaySeen {
+    fn parse(line: &str) -> RelaySeen {
+        let mut seen = RelaySeen::default();
+        for field in line.split_whitespace() {
+            match field.split_once('=') {
+                Some(("connected", v)) => seen.connected = v == "true",
+                Some(("connections", v)) => seen.connections = v.parse().unwrap_or(0),
+                Some(("disconnects", v)) => seen.disconnects = v.parse().unwrap_or(0),
+                Some(("resent", v)) => seen.resent = v.parse().unwrap_or(0),
+                _ => {}
+            }
+        }
+        seen
+    }
 }
 
 impl Device {
+    /// The next protocol line, or `None` after `timeout` or once the device exited.
+    pub fn next_line(&mut self, timeout: Duration) -> Option<String> {
+        self.lines.recv_timeout(timeout).ok().map(|(_, line)| line)
+    }
+
     /// Waits for a protocol line from the device; false on timeout or exit.
     pub fn wait_line(&mut self, want: &str, timeout: Duration) -> bool {
         self.wait_line_since(want, None, timeout)
@@ -195,10 +338,32 @@ impl Device {
         }
     }
 
+    /// How the device exited, if it has.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// SIGKILL, by pid, and reap.
     pub fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.kill_and_wait();
+    }
+
+    /// What the relay last reported.
+    pub fn seen(&self) -> RelaySeen {
+        *self.seen.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until the relay's report satisfies `done`; false on timeout.
+    pub fn wait_seen(&self, timeout: Duration, done: impl Fn(&RelaySeen) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        while !done(&self.seen()) {
+            if Instant::now() > deadline {
+                return false;
+            }
+            // The reader thread updates `seen` as lines come; a short poll is the simplest wait.
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
     }
 
     /// Waits for the device to exit on its own; kills it after `timeout`.
@@ -213,15 +378,6 @@ impl Device {
                 return self.child.wait().expect("wait");
             }
             std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Device {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
         }
     }
 }

@@ -1,9 +1,13 @@
 //! Crash, fault and bad-input harness: real processes, a real broker, real kills.
 //!
-//! `cargo test --features failpoints --test crash` runs every scenario and prints the report
-//! table; `-- NAME` runs the scenarios whose name contains NAME. `CRASH_KILLS=1000` makes the
-//! random-kill loop a soak; `CRASH_SEED` replays a run. With `--device` this binary is the
-//! device under test instead (the scenarios start it that way).
+//! `cargo test --all-features --test crash` runs every scenario, prints the report table, and
+//! then runs itself against every mutant (`src/mutant.rs`): each must make it fail, or the
+//! harness has a hole. `-- NAME` runs the scenarios whose name contains NAME; `--fail-fast` stops
+//! at the first scenario with a problem (the default under `EDGE_OUTBOX_MUTANT`).
+//! `CRASH_KILLS=1000` makes the random-kill loop a soak; `CRASH_SEED` replays a run;
+//! `CRASH_TABLE=path` also writes the table as Markdown (docs/reliability.md's). With `--device`
+//! or `--writer` this binary is a device or a foreign writer under test instead (the scenarios
+//! start it that way).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -11,7 +15,9 @@ mod support;
 mod checker;
 mod device;
 mod lab;
+mod mutants;
 mod scenarios;
+mod writer;
 
 use checker::Verdict;
 use scenarios::Rng;
@@ -25,11 +31,23 @@ fn main() {
         }
         return;
     }
+    if args.iter().any(|a| a == "--writer") {
+        if let Err(e) = writer::run() {
+            eprintln!("writer: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if std::env::var_os("RUST_LOG").is_some() {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_writer(std::io::stderr)
             .try_init();
+    }
+    let mutant = std::env::var("EDGE_OUTBOX_MUTANT").ok().filter(|m| !m.is_empty());
+    let fail_fast = mutant.is_some() || args.iter().any(|a| a == "--fail-fast");
+    if let Some(m) = &mutant {
+        println!("crash: MUTANT {m}: this run must fail");
     }
     // Flags from the test runner (e.g. --nocapture) are ignored; other words filter scenarios.
     let filters: Vec<&str> = args
@@ -45,36 +63,68 @@ fn main() {
     let mut rng = Rng::from_env();
 
     let mut verdicts: Vec<Verdict> = Vec::new();
-    let mut run = |name: &str, f: &mut dyn FnMut(&mut Rng) -> Option<Verdict>| {
-        if wanted(name) {
-            let started = std::time::Instant::now();
-            if let Some(v) = f(&mut rng) {
-                println!("crash: {name} took {:.1?}: {}", started.elapsed(), summary(&v));
-                verdicts.push(v);
-            }
+    let mut run = |name: &str, f: &mut dyn FnMut(&mut Rng) -> Verdict| {
+        if !wanted(name) {
+            return;
+        }
+        let started = std::time::Instant::now();
+        let v = f(&mut rng);
+        println!("crash: {name} took {:.1?}: {}", started.elapsed(), summary(&v));
+        let failed = !v.problems().is_empty();
+        verdicts.push(v);
+        if failed && fail_fast {
+            finish(&verdicts);
         }
     };
-    for (point, nth) in [
-        ("after-business-commit", 100),
-        ("after-puback-before-mark", 100),
-        // The first mark transaction: how many there are depends on how acks batch under load
-        // (a loaded machine once marked all 400 rows in two).
-        ("mid-mark", 1),
-        ("command-stored-before-ack", 2),
-        ("handler-mid-effect", 2),
-    ] {
-        run(&format!("failpoint_{point}"), &mut |_| {
-            Some(scenarios::failpoint(point, nth))
-        });
+    // Cheapest first: under a mutant, the first scenario that catches it ends the run.
+    for keep_sent in [false, true] {
+        for (point, nth) in [
+            ("after-business-commit", 100),
+            ("after-publish-before-puback", 100),
+            ("after-puback-before-mark", 100),
+            // The first mark transaction: how many there are depends on how acks batch under load
+            // (a loaded machine once marked all 400 rows in two).
+            ("mid-mark", 1),
+            ("command-stored-before-ack", 2),
+            ("handler-mid-effect", 2),
+        ] {
+            run(&format!("failpoint_{point}"), &mut |_| {
+                scenarios::failpoint(point, nth, keep_sent)
+            });
+        }
     }
-    run("random_kills", &mut |rng| {
-        Some(scenarios::random_kills(kills, rng))
+    run("proxy_chaos", &mut scenarios::proxy_chaos);
+    run("random_kills", &mut |rng| scenarios::random_kills(kills, rng));
+    run("foreign_writers", &mut |rng| {
+        scenarios::foreign_writers(kills / 5, rng)
     });
-    run("proxy_chaos", &mut |rng| Some(scenarios::proxy_chaos(rng)));
-    run("broker_kills", &mut |rng| scenarios::broker_kills(rng));
-    run("disk_full", &mut |_| Some(scenarios::disk_full()));
+    run("broker_kills", &mut scenarios::broker_kills);
+    run("disk_full", &mut |_| scenarios::disk_full());
+    if mutant.is_none() && wanted("mutants") {
+        let survivors = mutants::run_all();
+        if !survivors.is_empty() {
+            print!("{}", checker::table(&verdicts, false));
+            eprintln!(
+                "\ncrash: FAILED: mutants the harness did not catch: {}",
+                survivors.join(", ")
+            );
+            std::process::exit(1);
+        }
+    }
+    finish(&verdicts);
+}
 
-    checker::print_table(&verdicts);
+/// Prints the table (and writes it where `CRASH_TABLE` says) and exits: 1 if any scenario found
+/// a problem.
+fn finish(verdicts: &[Verdict]) -> ! {
+    println!();
+    print!("{}", checker::table(verdicts, false));
+    if let Ok(path) = std::env::var("CRASH_TABLE")
+        && let Err(e) = std::fs::write(&path, checker::table(verdicts, true))
+    {
+        eprintln!("crash: writing {path}: {e}");
+        std::process::exit(1);
+    }
     let failed: Vec<String> = verdicts
         .iter()
         .filter_map(|v| {
@@ -87,6 +137,7 @@ fn main() {
         std::process::exit(1);
     }
     println!("\ncrash: ok, {} scenarios", verdicts.len());
+    std::process::exit(0);
 }
 
 fn summary(v: &Verdict) -> String {

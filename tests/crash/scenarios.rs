@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::checker::Verdict;
 use super::device::DeviceEnv;
 use super::lab::Lab;
-use super::support::Broker;
+use super::support::{Broker, WAIT};
 
 /// A small deterministic generator; the seed is printed so a failing run can be replayed
 /// with `CRASH_SEED`.
@@ -37,10 +37,13 @@ impl Rng {
 
 const READY: Duration = Duration::from_secs(30);
 
-/// Arms one failpoint, lets the device crash there, restarts it and checks.
-pub fn failpoint(name: &str, nth: u32) -> Verdict {
+/// Arms one failpoint, lets the device crash there, restarts it and checks. With `keep_sent`,
+/// acknowledged rows are kept (moved to `outbox_sent`) instead of deleted.
+pub fn failpoint(name: &str, nth: u32, keep_sent: bool) -> Verdict {
     let mut lab = Lab::new(Broker::start().expect("broker"), false, 400);
-    lab.env.push((DeviceEnv::KEEP_SENT, "1".into()));
+    if keep_sent {
+        lab.env.push((DeviceEnv::KEEP_SENT, "1".into()));
+    }
     // The device must not finish before the commands it is about to be sent arrive: the command
     // failpoints are hit while applying them.
     lab.env.push((DeviceEnv::COMMANDS, "6".into()));
@@ -58,21 +61,23 @@ pub fn failpoint(name: &str, nth: u32) -> Verdict {
     );
     lab.send_commands(2);
     lab.env.retain(|(k, _)| *k != DeviceEnv::COMMANDS);
-    lab.finish(&format!("failpoint {name}"), 1)
+    let retention = if keep_sent { "kept" } else { "deleted" };
+    lab.finish(&format!("failpoint {name} (sent {retention})"), 1)
 }
 
 fn libc_sigabrt() -> i32 {
     6
 }
 
-/// SIGKILLs the device at random moments under load, `kills` times, restarting it each time.
+/// SIGKILLs the device at random moments under load, `kills` times, restarting it each time;
+/// every other run uses `synchronous = NORMAL` (a process crash must lose nothing there either).
 pub fn random_kills(kills: usize, rng: &mut Rng) -> Verdict {
     let mut lab = Lab::new(Broker::start().expect("broker"), false, 1_000_000);
-    lab.env.push((DeviceEnv::KEEP_SENT, "1".into()));
     let mut device = lab.start(None);
     assert!(device.wait_line("ready", READY), "device never became ready");
     device.kill();
     for k in 0..kills {
+        lab.set_env(DeviceEnv::SYNC, if k % 2 == 1 { "normal" } else { "full" });
         let device = lab.start(None);
         // Between 0 and 300 ms: during startup, recovery, connecting, committing, publishing,
         // marking, storing and applying commands.
@@ -84,31 +89,43 @@ pub fn random_kills(kills: usize, rng: &mut Rng) -> Verdict {
     }
     // Finish a little past what was committed, so the last run also commits.
     lab.orders = lab.last_order() + 50;
-    lab.finish("random SIGKILL", kills)
+    lab.finish("random SIGKILL (FULL and NORMAL)", kills)
 }
 
-/// Cuts, stalls, half-opens and refuses the device's connections while it runs.
+/// Cuts, half-opens (held until the relay's keep-alive notices) and refuses the device's
+/// connections while it commits, with short stalls in between; each disconnecting fault is
+/// injected only while the relay is connected, and must be counted by it as a lost connection.
 pub fn proxy_chaos(rng: &mut Rng) -> Verdict {
-    let mut lab = Lab::new(Broker::start().expect("broker"), true, 3000);
+    const FAULTS: usize = 16;
+    let mut lab = Lab::new(Broker::start().expect("broker"), true, 1_000_000);
     lab.env.push((DeviceEnv::KEEP_SENT, "1".into()));
     lab.env.push((DeviceEnv::PACE_US, "1000".into()));
     let mut device = lab.start(None);
     assert!(device.wait_line("ready", READY), "device never became ready");
     let proxy = lab.proxy.take().expect("proxy");
-    let mut faults = 0;
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(12) {
-        match rng.below(4) {
+    let (mut experienced, mut stalls, mut half_opens) = (0, 0, 0);
+    for _ in 0..FAULTS {
+        assert!(
+            device.wait_seen(WAIT, |s| s.connected),
+            "the relay did not reconnect: {:?}",
+            device.seen()
+        );
+        let before = device.seen().disconnects;
+        if rng.below(3) == 0 {
+            // Short of the keep-alive: no fault the relay must notice, but acks wait.
+            proxy.stall();
+            std::thread::sleep(Duration::from_millis(100 + rng.below(400)));
+            proxy.resume();
+            stalls += 1;
+        }
+        match rng.below(3) {
             0 => proxy.cut(),
-            1 => {
-                proxy.stall();
-                std::thread::sleep(Duration::from_millis(100 + rng.below(400)));
-                proxy.resume();
-            }
-            2 => {
-                // The client only learns of a half-open link through its keep-alive (2 s here).
+            // The relay alone learns of a dead route, through its keep-alive (2 s here); the cut
+            // comes only once it has (or after WAIT, and then it was not experienced).
+            1 if half_opens < 3 => {
+                half_opens += 1;
                 proxy.half_open();
-                std::thread::sleep(Duration::from_millis(500));
+                device.wait_seen(WAIT, |s| s.disconnects > before);
                 proxy.cut();
             }
             _ => {
@@ -118,21 +135,65 @@ pub fn proxy_chaos(rng: &mut Rng) -> Verdict {
                 proxy.refuse(false);
             }
         }
-        faults += 1;
+        if device.wait_seen(WAIT, |s| s.disconnects > before) {
+            experienced += 1;
+        }
         lab.send_commands(1);
         std::thread::sleep(Duration::from_millis(100 + rng.below(300)));
     }
+    let resent = device.seen().resent;
     device.kill();
     lab.proxy = Some(proxy);
-    lab.finish("proxy cut/stall/half-open/refuse", faults)
+    lab.orders = lab.last_order() + 50;
+    let mut v = lab.finish(&format!("proxy cut/half-open/refuse (+{stalls} stalls)"), FAULTS);
+    v.experienced = Some(experienced);
+    // Rows in flight at a cut are published again on the next connection: a relay that resumed
+    // elsewhere would resend nothing.
+    if resent == 0 {
+        v.notes.push("no row was ever resent after a cut".into());
+    }
+    v
+}
+
+/// Two other processes commit orders through the SQL contract (plain rusqlite, one FULL, one
+/// NORMAL, some transactions rolled back) while the device, whose relay publishes everything,
+/// commits its own and is SIGKILLed `kills` times.
+pub fn foreign_writers(kills: usize, rng: &mut Rng) -> Verdict {
+    const WRITER_ORDERS: u64 = 1500;
+    let mut lab = Lab::new(Broker::start().expect("broker"), false, 1_000_000);
+    lab.env.push((DeviceEnv::PACE_US, "2000".into()));
+    let mut device = lab.start(None);
+    // The device creates the tables the writers insert into.
+    assert!(device.wait_line("ready", READY), "device never became ready");
+    let mut writers = [lab.start_writer(WRITER_ORDERS), lab.start_writer(WRITER_ORDERS)];
+    for _ in 0..kills {
+        std::thread::sleep(Duration::from_millis(50 + rng.below(300)));
+        device.kill();
+        device = lab.start(None);
+    }
+    for (i, w) in writers.iter_mut().enumerate() {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let status = loop {
+            if let Some(status) = w.try_wait().expect("writer status") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "writer {} did not finish", i + 1);
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "writer {} failed: {status:?}", i + 1);
+    }
+    device.kill();
+    lab.orders = lab.last_order() + 50;
+    lab.finish("foreign SQL writers, relay SIGKILL", kills)
 }
 
 /// Kills the broker with SIGKILL mid-run and restarts it, several times. What it had acknowledged
 /// and not yet delivered is the broker's loss (mosquitto saves every second; rumqttd keeps nothing),
 /// the one loss this scenario allows, counted apart.
-pub fn broker_kills(rng: &mut Rng) -> Option<Verdict> {
+pub fn broker_kills(rng: &mut Rng) -> Verdict {
     let broker = Broker::builder().persistence(true).start().expect("broker");
     let mut lab = Lab::new(broker, false, 2500);
+    lab.allow_broker_loss = true;
     lab.env.push((DeviceEnv::KEEP_SENT, "1".into()));
     lab.env.push((DeviceEnv::PACE_US, "1000".into()));
     let mut device = lab.start(None);
@@ -160,7 +221,7 @@ pub fn broker_kills(rng: &mut Rng) -> Option<Verdict> {
     );
     lab.send_commands(6);
     device.kill();
-    Some(lab.finish("broker SIGKILL + restart", faults))
+    lab.finish("broker SIGKILL + restart", faults)
 }
 
 /// Fills the device's disk while the broker is unreachable; the drain frees it again.

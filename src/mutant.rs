@@ -1,0 +1,39 @@
+//! Deliberately broken builds, to prove the tests catch what they claim to (feature `mutants`;
+//! never in production). `EDGE_OUTBOX_MUTANT=<name>` switches one on; each breaks one guarantee,
+//! and `cargo test --all-features --test crash` must fail with it (its own last scenario runs the
+//! harness against each and fails if one survives). See docs/reliability.md.
+//!
+//! Without the feature, [`active`] is a constant `false` and every mutant compiles away.
+
+/// Every mutant name.
+pub const MUTANTS: &[&str] = &[
+    // Rows are marked when handed to the MQTT client, not on their PUBACK.
+    "mark-before-puback",
+    // After a reconnect, publishing resumes after the last row sent, not at the oldest
+    // unacknowledged one.
+    "skip-resume",
+    // A command is acknowledged to the broker before its inbox row commits.
+    "ack-before-commit",
+    // The apply step ignores the `applied_at IS NULL` guard.
+    "double-apply",
+    // Rows of a key are published out of commit order.
+    "reorder",
+];
+
+/// Whether the mutant `name` is switched on.
+#[cfg(feature = "mutants")]
+pub fn active(name: &str) -> bool {
+    use std::sync::OnceLock;
+    static ACTIVE: OnceLock<Option<String>> = OnceLock::new();
+    ACTIVE
+        .get_or_init(|| std::env::var("EDGE_OUTBOX_MUTANT").ok().filter(|m| !m.is_empty()))
+        .as_deref()
+        == Some(name)
+}
+
+/// Without the `mutants` feature nothing is broken.
+#[cfg(not(feature = "mutants"))]
+#[inline(always)]
+pub const fn active(_name: &str) -> bool {
+    false
+}
