@@ -23,6 +23,10 @@ pub enum Error {
     /// The disk (or SQLite's `max_page_count`) is full. The transaction was rolled back; what was
     /// committed before is intact. Writes succeed again once space is freed.
     DiskFull,
+    /// The storage reported an I/O error (SQLite's "disk I/O error": a failing SD card or flash,
+    /// a pulled USB disk). The transaction was rolled back; what was committed before is intact
+    /// as far as the storage kept it. Writes succeed again once the storage does.
+    DiskIo(rusqlite::Error),
     /// Another connection held the database lock for longer than the busy timeout.
     Busy,
     /// A message payload is larger than the configured maximum.
@@ -100,6 +104,11 @@ impl fmt::Display for Error {
                 "database or disk is full; the transaction was rolled back and nothing committed \
                  was lost: free space and retry",
             ),
+            Error::DiskIo(e) => write!(
+                f,
+                "the storage reported an I/O error ({e}); the transaction was rolled back: \
+                 check the disk (dmesg), then retry"
+            ),
             Error::Busy => f.write_str(
                 "database is locked by another connection for longer than the busy timeout: \
                  retry, or raise the busy timeout",
@@ -155,7 +164,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Error::Io { source, .. } => Some(source),
-            Error::Sqlite(e) => Some(e),
+            Error::Sqlite(e) | Error::DiskIo(e) => Some(e),
             _ => None,
         }
     }
@@ -167,6 +176,7 @@ impl From<rusqlite::Error> for Error {
         use rusqlite::ErrorCode;
         match e.sqlite_error_code() {
             Some(ErrorCode::DiskFull) => Error::DiskFull,
+            Some(ErrorCode::SystemIoFailure) => Error::DiskIo(e),
             Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Error::Busy,
             _ => Error::Sqlite(e),
         }

@@ -120,7 +120,7 @@ fn finish(verdicts: &[Verdict]) -> ! {
     println!();
     print!("{}", checker::table(verdicts, false));
     if let Ok(path) = std::env::var("CRASH_TABLE")
-        && let Err(e) = std::fs::write(&path, checker::table(verdicts, true))
+        && let Err(e) = write_table(std::path::Path::new(&path), verdicts)
     {
         eprintln!("crash: writing {path}: {e}");
         std::process::exit(1);
@@ -138,6 +138,26 @@ fn finish(verdicts: &[Verdict]) -> ! {
     }
     println!("\ncrash: ok, {} scenarios", verdicts.len());
     std::process::exit(0);
+}
+
+/// Writes the Markdown table to `path`: between the `<!-- crash-table -->` and
+/// `<!-- /crash-table -->` lines if the file has them (docs/reliability.md does), else the whole file.
+fn write_table(path: &std::path::Path, verdicts: &[Verdict]) -> std::io::Result<()> {
+    const BEGIN: &str = "<!-- crash-table -->";
+    const END: &str = "<!-- /crash-table -->";
+    let broker = support::BrokerKind::from_env().map_or_else(|e| e.to_string(), |k| k.to_string());
+    let seed = scenarios::SEED.get().copied().unwrap_or(0);
+    let block = format!(
+        "Against {broker}, seed {seed}, with `CRASH_TABLE={} cargo test --all-features --test crash`:\n\n{}",
+        path.display(),
+        checker::table(verdicts, true)
+    );
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    let new = match (old.find(BEGIN), old.find(END)) {
+        (Some(b), Some(e)) if b < e => format!("{}{BEGIN}\n{block}{}", &old[..b], &old[e..]),
+        _ => block,
+    };
+    std::fs::write(path, new)
 }
 
 fn summary(v: &Verdict) -> String {

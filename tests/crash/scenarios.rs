@@ -13,6 +13,9 @@ use super::support::{Broker, WAIT};
 /// with `CRASH_SEED`.
 pub struct Rng(u64);
 
+/// The seed of this run, for the report.
+pub static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
 impl Rng {
     pub fn from_env() -> Rng {
         let seed = std::env::var("CRASH_SEED")
@@ -24,6 +27,7 @@ impl Rng {
                     .map_or(1, |d| d.as_nanos() as u64)
             });
         println!("crash: seed {seed} (CRASH_SEED={seed} replays it)");
+        let _ = SEED.set(seed);
         Rng(seed | 1)
     }
 

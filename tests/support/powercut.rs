@@ -126,6 +126,10 @@ impl FileNode {
         }
     }
 
+    fn len(&self) -> usize {
+        self.current.len()
+    }
+
     fn write(&mut self, offset: usize, data: &[u8]) {
         let end = offset + data.len();
         if end > self.current.len() {
@@ -198,6 +202,18 @@ struct State {
     counters: Counters,
     /// Set by a cut: the instance still mounted serves nothing and changes nothing any more.
     dead: bool,
+    /// An injected disk failure, until cleared.
+    fault: Option<Fault>,
+}
+
+/// A disk failure the file system can be told to return (see [`PowerCutFs::set_fault`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The disk is full: anything that needs a new block (a write past a file's end, a longer
+    /// length, a new file) fails with `ENOSPC`; writes inside a file's length still succeed.
+    NoSpace,
+    /// The disk fails: every write and every sync fails with `EIO`; reads still work.
+    Io,
 }
 
 const ROOT: u64 = 1;
@@ -219,6 +235,7 @@ impl State {
             next_ino: ROOT + 1,
             counters: Counters::default(),
             dead: false,
+            fault: None,
         }
     }
 
@@ -293,6 +310,7 @@ impl State {
             next_ino: self.next_ino,
             counters,
             dead: false,
+            fault: None,
         };
         (state, report)
     }
@@ -442,10 +460,17 @@ impl Filesystem for Fs {
         reply: ReplyAttr,
     ) {
         let result = self.with(|s| {
+            let fault = s.fault;
             let meta = match s.nodes.get_mut(&ino.0).ok_or(Errno::ENOENT)? {
                 Node::File(f) => {
                     if let Some(size) = size {
-                        f.set_len(usize::try_from(size).map_err(|_| Errno::EFBIG)?);
+                        let size = usize::try_from(size).map_err(|_| Errno::EFBIG)?;
+                        match fault {
+                            Some(Fault::Io) => return Err(Errno::EIO),
+                            Some(Fault::NoSpace) if size > f.len() => return Err(Errno::ENOSPC),
+                            _ => {}
+                        }
+                        f.set_len(size);
                         f.meta.mtime = SystemTime::now();
                     }
                     &mut f.meta
@@ -599,7 +624,12 @@ impl Filesystem for Fs {
             dirty: BTreeSet::new(),
             meta: meta_for(req, mode, umask),
         });
-        match self.with(|s| s.add(parent.0, name, node)) {
+        let result = self.with(|s| match s.fault {
+            Some(Fault::NoSpace) => Err(Errno::ENOSPC),
+            Some(Fault::Io) => Err(Errno::EIO),
+            None => s.add(parent.0, name, node),
+        });
+        match result {
             Ok(attr) => reply.created(&TTL, &attr, Generation(0), FileHandle(0), FopenFlags::empty()),
             Err(e) => reply.error(e),
         }
@@ -642,8 +672,16 @@ impl Filesystem for Fs {
     ) {
         let result = self.with(|s| {
             s.counters.writes += 1;
+            let fault = s.fault;
             let f = s.file(ino.0)?;
             let offset = usize::try_from(offset).map_err(|_| Errno::EFBIG)?;
+            match fault {
+                Some(Fault::Io) => return Err(Errno::EIO),
+                Some(Fault::NoSpace) if offset.saturating_add(data.len()) > f.len() => {
+                    return Err(Errno::ENOSPC);
+                }
+                _ => {}
+            }
             f.write(offset, data);
             f.meta.mtime = SystemTime::now();
             Ok(data.len() as u32)
@@ -670,6 +708,9 @@ impl Filesystem for Fs {
         // fsync and fdatasync alike: the bytes and the length, not the name (see the module docs).
         match self.with(|s| {
             s.counters.file_syncs += 1;
+            if s.fault == Some(Fault::Io) {
+                return Err(Errno::EIO);
+            }
             s.file(ino.0)?.sync();
             Ok(())
         }) {
@@ -769,6 +810,12 @@ impl PowerCutFs {
     /// Where it is mounted.
     pub fn path(&self) -> &Path {
         &self.mountpoint
+    }
+
+    /// From now on, fail as `fault` says (`None`: work again). Survives no cut: a cut brings the
+    /// disk back healthy.
+    pub fn set_fault(&self, fault: Option<Fault>) {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).fault = fault;
     }
 
     /// Counts of writes, syncs and cuts so far.
