@@ -73,7 +73,7 @@ fn main() {
         let failed = !v.problems().is_empty();
         verdicts.push(v);
         if failed && fail_fast {
-            finish(&verdicts);
+            finish(&verdicts, &[]);
         }
     };
     // Cheapest first: under a mutant, the first scenario that catches it ends the run.
@@ -100,27 +100,21 @@ fn main() {
     });
     run("broker_kills", &mut scenarios::broker_kills);
     run("disk_full", &mut |_| scenarios::disk_full());
-    if mutant.is_none() && wanted("mutants") {
-        let survivors = mutants::run_all();
-        if !survivors.is_empty() {
-            print!("{}", checker::table(&verdicts, false));
-            eprintln!(
-                "\ncrash: FAILED: mutants the harness did not catch: {}",
-                survivors.join(", ")
-            );
-            std::process::exit(1);
-        }
-    }
-    finish(&verdicts);
+    let outcomes = if mutant.is_none() && wanted("mutants") {
+        mutants::run_all()
+    } else {
+        Vec::new()
+    };
+    finish(&verdicts, &outcomes);
 }
 
 /// Prints the table (and writes it where `CRASH_TABLE` says) and exits: 1 if any scenario found
-/// a problem.
-fn finish(verdicts: &[Verdict]) -> ! {
+/// a problem or any mutant survived.
+fn finish(verdicts: &[Verdict], outcomes: &[mutants::Outcome]) -> ! {
     println!();
     print!("{}", checker::table(verdicts, false));
     if let Ok(path) = std::env::var("CRASH_TABLE")
-        && let Err(e) = write_table(std::path::Path::new(&path), verdicts)
+        && let Err(e) = write_tables(std::path::Path::new(&path), verdicts, outcomes)
     {
         eprintln!("crash: writing {path}: {e}");
         std::process::exit(1);
@@ -132,32 +126,59 @@ fn finish(verdicts: &[Verdict]) -> ! {
             (!p.is_empty()).then(|| format!("{}: {}", v.scenario, p.join(", ")))
         })
         .collect();
-    if !failed.is_empty() {
+    let survivors: Vec<&str> = outcomes
+        .iter()
+        .filter(|o| o.caught_by.is_none())
+        .map(|o| o.mutant)
+        .collect();
+    if !failed.is_empty() || !survivors.is_empty() {
         eprintln!("\ncrash: FAILED\n  {}", failed.join("\n  "));
+        if !survivors.is_empty() {
+            eprintln!("  mutants the harness did not catch: {}", survivors.join(", "));
+        }
         std::process::exit(1);
     }
-    println!("\ncrash: ok, {} scenarios", verdicts.len());
+    println!(
+        "\ncrash: ok, {} scenarios, {} mutants caught",
+        verdicts.len(),
+        outcomes.len()
+    );
     std::process::exit(0);
 }
 
-/// Writes the Markdown table to `path`: between the `<!-- crash-table -->` and
-/// `<!-- /crash-table -->` lines if the file has them (docs/reliability.md does), else the whole file.
-fn write_table(path: &std::path::Path, verdicts: &[Verdict]) -> std::io::Result<()> {
-    const BEGIN: &str = "<!-- crash-table -->";
-    const END: &str = "<!-- /crash-table -->";
+/// Writes the Markdown tables to `path`: each between its `<!-- name -->` and `<!-- /name -->`
+/// lines if the file has them (docs/reliability.md does), else the whole file.
+fn write_tables(
+    path: &std::path::Path,
+    verdicts: &[Verdict],
+    outcomes: &[mutants::Outcome],
+) -> std::io::Result<()> {
     let broker = support::BrokerKind::from_env().map_or_else(|e| e.to_string(), |k| k.to_string());
     let seed = scenarios::SEED.get().copied().unwrap_or(0);
-    let block = format!(
-        "Against {broker}, seed {seed}, with `CRASH_TABLE={} cargo test --all-features --test crash`:\n\n{}",
-        path.display(),
+    let command = format!(
+        "`CRASH_TABLE={} cargo test --all-features --test crash`",
+        path.display()
+    );
+    let scenarios = format!(
+        "Against {broker}, seed {seed}, written by {command}:\n\n{}",
         checker::table(verdicts, true)
     );
-    let old = std::fs::read_to_string(path).unwrap_or_default();
-    let new = match (old.find(BEGIN), old.find(END)) {
-        (Some(b), Some(e)) if b < e => format!("{}{BEGIN}\n{block}{}", &old[..b], &old[e..]),
-        _ => block,
-    };
-    std::fs::write(path, new)
+    let mutants = format!(
+        "The same run, against each mutant:\n\n{}",
+        mutants::table(outcomes)
+    );
+    let mut text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut whole = String::new();
+    for (name, block) in [("crash-table", scenarios), ("mutant-table", mutants)] {
+        let (begin, end) = (format!("<!-- {name} -->"), format!("<!-- /{name} -->"));
+        match (text.find(&begin), text.find(&end)) {
+            (Some(b), Some(e)) if b < e => {
+                text = format!("{}{begin}\n{block}{}", &text[..b], &text[e..]);
+            }
+            _ => whole.push_str(&format!("{block}\n")),
+        }
+    }
+    std::fs::write(path, if whole.is_empty() { text } else { whole })
 }
 
 fn summary(v: &Verdict) -> String {

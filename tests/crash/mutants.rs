@@ -6,14 +6,23 @@ use std::time::Instant;
 
 use edge_outbox::mutant::MUTANTS;
 
-/// Runs this binary once per mutant, with `EDGE_OUTBOX_MUTANT` set; returns the mutants whose run
-/// passed.
-pub fn run_all() -> Vec<String> {
-    let mut survivors = Vec::new();
+/// How the harness fared against one mutant.
+pub struct Outcome {
+    pub mutant: &'static str,
+    /// What failed the run (the scenario and its problems); `None`: the mutant survived.
+    pub caught_by: Option<String>,
+    pub seconds: f64,
+}
+
+/// Runs this binary once per mutant, with `EDGE_OUTBOX_MUTANT` set.
+pub fn run_all() -> Vec<Outcome> {
+    let mut outcomes = Vec::new();
     for &mutant in MUTANTS {
         let started = Instant::now();
         let out = Command::new(std::env::current_exe().expect("own path"))
             .env("EDGE_OUTBOX_MUTANT", mutant)
+            // Its table is not the one to publish.
+            .env_remove("CRASH_TABLE")
             // A mutant may well make a run hang somewhere; the scenarios' own bounds end it.
             .stdin(Stdio::null())
             .output()
@@ -22,21 +31,37 @@ pub fn run_all() -> Vec<String> {
         let stderr = String::from_utf8_lossy(&out.stderr);
         if out.status.success() {
             println!("crash: mutant {mutant} SURVIVED ({:.1?})", started.elapsed());
-            survivors.push(mutant.to_owned());
+            outcomes.push(Outcome {
+                mutant,
+                caught_by: None,
+                seconds: started.elapsed().as_secs_f64(),
+            });
             continue;
         }
-        // What caught it: the scenario that failed, or the assertion that stopped the run.
-        let after = |marker: &str| {
-            stderr
+        // Caught means judged: a scenario's verdict found the breach. A run that ended in a panic
+        // (an assertion of the harness, a bug in it) proves nothing about the mutant.
+        let caught_by = stderr
+            .lines()
+            .skip_while(|l| !l.starts_with("crash: FAILED"))
+            .nth(1)
+            .map(|l| l.trim().to_owned());
+        let Some(caught_by) = caught_by else {
+            let panic = stderr
                 .lines()
-                .skip_while(|l| !l.contains(marker))
+                .skip_while(|l| !l.contains("panicked at"))
                 .nth(1)
-                .map(str::trim)
+                .unwrap_or("(no reason printed)");
+            println!(
+                "crash: mutant {mutant} NOT CAUGHT: the run failed without a verdict ({:?}): {panic}",
+                out.status
+            );
+            outcomes.push(Outcome {
+                mutant,
+                caught_by: None,
+                seconds: started.elapsed().as_secs_f64(),
+            });
+            continue;
         };
-        let caught_by = after("crash: FAILED")
-            .or_else(|| after("panicked at"))
-            .unwrap_or("(no reason printed)")
-            .to_owned();
         let last = stdout
             .lines()
             .rev()
@@ -46,6 +71,23 @@ pub fn run_all() -> Vec<String> {
             "crash: mutant {mutant} caught ({:.1?}): {caught_by}\n       last: {last}",
             started.elapsed()
         );
+        outcomes.push(Outcome {
+            mutant,
+            caught_by: Some(caught_by),
+            seconds: started.elapsed().as_secs_f64(),
+        });
     }
-    survivors
+    outcomes
+}
+
+/// The outcomes as a Markdown table.
+pub fn table(outcomes: &[Outcome]) -> String {
+    let mut out = String::from("| mutant | result | seconds |\n|---|---|---|\n");
+    for o in outcomes {
+        let result = o.caught_by.as_deref().map_or("**not caught**".to_owned(), |why| {
+            format!("caught: {}", why.replace('|', "/"))
+        });
+        out.push_str(&format!("| `{}` | {result} | {:.0} |\n", o.mutant, o.seconds));
+    }
+    out
 }
