@@ -10,6 +10,9 @@
 //! restarted on the same port. rumqttd 0.20 has no shutdown: it runs on detached threads until the
 //! test process exits, so it cannot be stopped or restarted (`supports_restart()` is false). To take
 //! the broker "down" under rumqttd, put a [`Proxy`](super::Proxy) in front and `refuse` + `cut`.
+//!
+//! Both brokers take MQTT 3.1.1 and MQTT 5 clients on `addr()` (rumqttd through a small mux, see
+//! [`Broker::addr`]), so a test's clients may speak either.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -179,6 +182,9 @@ pub struct Broker {
     port: u16,
     tls_port: Option<u16>,
     mosquitto: Option<Mosquitto>,
+    /// rumqttd's own MQTT 3.1.1 and MQTT 5 listeners; `addr()` is the mux in front of them.
+    rumqttd_listeners: Option<(SocketAddr, SocketAddr)>,
+    _mux: Option<ProtocolMux>,
 }
 
 struct Mosquitto {
@@ -212,9 +218,17 @@ impl Broker {
         self.port
     }
 
-    /// The plain MQTT listener.
+    /// The plain MQTT listener, for clients of either protocol version (MQTT 3.1.1 and 5).
+    /// mosquitto serves both on one port. rumqttd serves them on two: this is a
+    /// [`ProtocolMux`](super::mux::ProtocolMux) in front of them that forwards each connection by
+    /// its CONNECT's protocol level.
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// rumqttd only: its own listeners, (MQTT 3.1.1, MQTT 5), without the mux.
+    pub fn rumqttd_listeners(&self) -> Option<(SocketAddr, SocketAddr)> {
+        self.rumqttd_listeners
     }
 
     /// The TLS listener, when the builder asked for one.
@@ -398,6 +412,8 @@ impl Broker {
                         port,
                         tls_port,
                         mosquitto: Some(m),
+                        rumqttd_listeners: None,
+                        _mux: None,
                     });
                 }
                 Err(e) => last = Some(e),
@@ -410,9 +426,16 @@ impl Broker {
         let max_packet = b.max_packet_size.unwrap_or(RUMQTTD_DEFAULT_MAX_PACKET);
         let mut last = None;
         for _ in 0..BIND_ATTEMPTS {
-            let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port();
+            // Both probes held at once so the two ports differ.
+            let (p4, p5) = (
+                TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?,
+                TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?,
+            );
+            let (port, port_v5) = (p4.local_addr()?.port(), p5.local_addr()?.port());
+            drop((p4, p5));
             let addr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
-            let config = rumqttd_config(addr, max_packet);
+            let addr_v5 = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port_v5));
+            let config = rumqttd_config(addr, Some(addr_v5), max_packet);
             // `start()` blocks for ever and has no shutdown: the thread is detached and lives until
             // the test process exits. If the bind fails, rumqttd only logs it and `start()` returns,
             // so a finished thread means "try another port".
@@ -423,19 +446,23 @@ impl Broker {
                         eprintln!("support: rumqttd on port {port}: {e}");
                     }
                 })?;
-            match wait_accepting(addr, || {
+            let stopped = || {
                 if handle.is_finished() {
                     Some("rumqttd stopped (bind failed?)".to_owned())
                 } else {
                     None
                 }
-            }) {
+            };
+            match wait_accepting(addr, stopped).and_then(|()| wait_accepting(addr_v5, stopped)) {
                 Ok(()) => {
+                    let mux = ProtocolMux::start(addr, addr_v5)?;
                     return Ok(Broker {
                         kind: BrokerKind::Rumqttd,
-                        port,
+                        port: mux.addr().port(),
                         tls_port: None,
                         mosquitto: None,
+                        rumqttd_listeners: Some((addr, addr_v5)),
+                        _mux: Some(mux),
                     });
                 }
                 Err(e) => last = Some(e),
@@ -594,6 +621,8 @@ fn running_as_root() -> bool {
         })
         .unwrap_or(false)
 }
+
+use super::mux::ProtocolMux;
 
 // The same rumqttd configuration as the demo's in-process broker: one piece serves both.
 #[path = "../../src/bin/edge-outbox/demo/rumqttd_config.rs"]

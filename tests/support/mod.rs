@@ -3,6 +3,7 @@
 //! - [`broker`]: a real MQTT broker on 127.0.0.1 with a port picked at run time (mosquitto when it is
 //!   installed or asked for, in-process rumqttd otherwise; `EDGE_OUTBOX_BROKER` chooses).
 //! - [`proxy`]: a TCP proxy that cuts, stalls, refuses and half-opens connections on command.
+//! - [`mux`]: one address for MQTT 3.1.1 and 5 clients in front of rumqttd.
 //! - [`subscriber`]: an independent rumqttc client that collects what arrives, and one-shot publishing.
 //! - [`tls`]: a CA, server and client certificates generated at run time with `openssl`.
 //!
@@ -12,6 +13,7 @@
 pub mod broker;
 pub mod check;
 pub mod device;
+pub mod mux;
 pub mod powercut;
 pub mod proxy;
 pub mod subscriber;

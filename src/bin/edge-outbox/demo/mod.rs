@@ -150,7 +150,7 @@ fn start_broker() -> Result<SocketAddr> {
             .map_err(|e| CliError::runtime(format!("finding a free port: {e}")))?
             .port();
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        let config = rumqttd_config::rumqttd_config(addr, 1 << 20);
+        let config = rumqttd_config::rumqttd_config(addr, None, 1 << 20);
         let thread = std::thread::Builder::new()
             .name("demo-broker".into())
             .spawn(move || rumqttd::Broker::new(config).start().is_ok())

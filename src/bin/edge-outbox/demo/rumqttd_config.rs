@@ -5,8 +5,14 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
-/// rumqttd 0.20 config built in code (its sample config binds 0.0.0.0 and opens a console port).
-pub fn rumqttd_config(listen: SocketAddr, max_packet: usize) -> rumqttd::Config {
+/// rumqttd 0.20 config built in code (its sample config binds 0.0.0.0 and opens a console port):
+/// MQTT 3.1.1 on `listen`, and MQTT 5 on `listen_v5` if given (rumqttd serves the two versions on
+/// separate listeners).
+pub fn rumqttd_config(
+    listen: SocketAddr,
+    listen_v5: Option<SocketAddr>,
+    max_packet: usize,
+) -> rumqttd::Config {
     let connections = rumqttd::ConnectionSettings {
         // Time a new TCP connection has to send CONNECT.
         connection_timeout_ms: 5_000,
@@ -18,12 +24,12 @@ pub fn rumqttd_config(listen: SocketAddr, max_packet: usize) -> rumqttd::Config 
         external_auth: None,
         dynamic_filters: true,
     };
-    let server = rumqttd::ServerSettings {
-        name: format!("rumqttd-v4-{}", listen.port()),
+    let server = |name: &str, listen: SocketAddr| rumqttd::ServerSettings {
+        name: format!("rumqttd-{name}-{}", listen.port()),
         listen,
         tls: None,
         next_connection_delay_ms: 1,
-        connections,
+        connections: connections.clone(),
     };
     rumqttd::Config {
         id: 0,
@@ -38,8 +44,8 @@ pub fn rumqttd_config(listen: SocketAddr, max_packet: usize) -> rumqttd::Config 
             initialized_filters: None,
             shared_subscriptions_strategy: Default::default(),
         },
-        v4: Some(HashMap::from([("1".to_owned(), server)])),
-        v5: None,
+        v4: Some(HashMap::from([("1".to_owned(), server("v4", listen))])),
+        v5: listen_v5.map(|addr| HashMap::from([("1".to_owned(), server("v5", addr))])),
         ws: None,
         cluster: None,
         console: None,
