@@ -84,8 +84,8 @@ struct State {
     refused: Vec<Unpublishable>,
     /// The row with strikes against it, if any.
     suspect: Option<Suspect>,
-    /// Quota exceeded: publish nothing new until then, then renew the connection.
-    paused_until: Option<Instant>,
+    /// Quota exceeded: publish nothing new until then, then renew the connection; and why.
+    paused_until: Option<(Instant, String)>,
     quota_backoff: Backoff,
     /// Topic aliases misbehaved on this broker: never use them again in this run.
     aliases_off: bool,
@@ -296,10 +296,9 @@ impl Publisher {
             Verdict::Later(reason) => {
                 let wait = s.quota_backoff.next_delay();
                 tracing::warn!(seq, %reason, ?wait, "the broker cannot take more now: publishing again after a wait");
-                self.status.set_error(format!(
-                    "the broker refused a message for now: PUBACK reason {reason}"
-                ));
-                s.paused_until = Some(Instant::now() + wait);
+                let why = format!("the broker refused a message for now: PUBACK reason {reason}");
+                self.status.set_error(why.clone());
+                s.paused_until = Some((Instant::now() + wait, why));
                 if awaited {
                     self.renew(
                         s,
@@ -507,11 +506,12 @@ impl Publisher {
             );
             self.renew(s, cause);
         }
-        if s.paused_until.is_some_and(|t| now >= t) {
-            s.paused_until = None;
+        if s.paused_until.as_ref().is_some_and(|(t, _)| now >= *t)
+            && let Some((_, why)) = s.paused_until.take()
+        {
             self.renew(
                 s,
-                Cause::new(CauseKind::Retry, "publishing again after the broker's quota"),
+                Cause::new(CauseKind::Retry, format!("{why}; publishing it again")),
             );
         }
         if now >= s.next_prune && s.stopping.is_none() {

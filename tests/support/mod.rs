@@ -3,6 +3,8 @@
 //! - [`broker`]: a real MQTT broker on 127.0.0.1 with a port picked at run time (mosquitto when it is
 //!   installed or asked for, in-process rumqttd otherwise; `EDGE_OUTBOX_BROKER` chooses).
 //! - [`proxy`]: a TCP proxy that cuts, stalls, refuses and half-opens connections on command.
+//! - [`mqtt_proxy`]: an MQTT-aware proxy that holds back or drops PUBACKs, chokes on chosen
+//!   messages and drops connections after an event (a broker that misbehaves).
 //! - [`mux`]: one address for MQTT 3.1.1 and 5 clients in front of rumqttd.
 //! - [`subscriber`]: an independent rumqttc client that collects what arrives, and one-shot publishing.
 //! - [`tls`]: a CA, server and client certificates generated at run time with `openssl`.
@@ -13,6 +15,7 @@
 pub mod broker;
 pub mod check;
 pub mod device;
+pub mod mqtt_proxy;
 pub mod mux;
 pub mod powercut;
 pub mod proxy;
@@ -20,6 +23,7 @@ pub mod subscriber;
 pub mod tls;
 
 pub use broker::{Broker, BrokerKind, TlsListener};
+pub use mqtt_proxy::{MqttProxy, Repeat, Trigger};
 pub use proxy::Proxy;
 pub use subscriber::{Message, Subscriber, publish_raw, publish_raw_many};
 pub use tls::Pki;
