@@ -12,10 +12,13 @@
 //!   row moves to the dead letters with the reason code and string; the rows behind it go on.
 //! - PUBACK "quota exceeded": nothing more is published for a backoff wait, then the connection
 //!   is renewed and publishing resumes from the oldest unacknowledged row.
-//! - The connection dies, or no PUBACK comes within the ack timeout, while a row is the oldest
-//!   unacknowledged one on the wire: a strike against it. After `poison_disconnects` strikes in a
-//!   row (at once if the broker's DISCONNECT names the packet) it is dead-lettered as poison, so
-//!   one bad row cannot stop the outbox behind it.
+//! - The connection dies with rows on the wire: which one the broker choked on is not known while a
+//!   whole window was in flight, so the next connection narrows the window to one message until
+//!   it is past every row that was in flight. A connection that dies with a single row on the
+//!   wire, or when no PUBACK came for the oldest within the ack timeout, is a strike against
+//!   that row (all strikes at once when the broker's reason code names the packet). After
+//!   `poison_disconnects` strikes in a row the row is dead-lettered as poison, so one bad row
+//!   cannot stop the outbox behind it, and a single transient drop never dead-letters anything.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -54,8 +57,10 @@ pub(crate) struct Publisher {
 /// The current connection, as far as publishing goes.
 struct Live {
     client: MqttClient,
-    /// Most rows in flight: ours, lowered to the broker's receive maximum.
+    /// Most rows in flight now: 1 while probing, else `full_window`.
     window: usize,
+    /// Ours, lowered to the broker's receive maximum.
+    full_window: usize,
     /// Largest packet: ours, lowered to the broker's maximum packet size.
     max_packet: usize,
     limit_owner: &'static str,
@@ -84,6 +89,9 @@ struct State {
     refused: Vec<Unpublishable>,
     /// The row with strikes against it, if any.
     suspect: Option<Suspect>,
+    /// A connection died with rows on the wire: publish one at a time until a row up to this one
+    /// is acknowledged, so the row the broker chokes on is the only one on the wire when it does.
+    probe_until: Option<Seq>,
     /// Quota exceeded: publish nothing new until then, then renew the connection; and why.
     paused_until: Option<(Instant, String)>,
     quota_backoff: Backoff,
@@ -130,6 +138,7 @@ impl Publisher {
             acked: Vec::new(),
             refused: Vec::new(),
             suspect: None,
+            probe_until: None,
             paused_until: None,
             quota_backoff: Backoff::new(self.config.backoff_min, self.config.backoff_max),
             aliases_off: false,
@@ -238,9 +247,18 @@ impl Publisher {
             }
             _ => Aliases::none(),
         };
-        if window < self.config.max_in_flight || max_packet < ours {
+        let full_window = window;
+        let window = if s.probe_until.is_some() {
             tracing::info!(
-                window,
+                "publishing one message at a time until past those in flight when the last connection ended"
+            );
+            1
+        } else {
+            full_window
+        };
+        if full_window < self.config.max_in_flight || max_packet < ours {
+            tracing::info!(
+                window = full_window,
                 max_packet,
                 "the broker's limits apply (receive maximum, maximum packet size)"
             );
@@ -255,6 +273,7 @@ impl Publisher {
         s.live = Some(Live {
             client: link.client,
             window,
+            full_window,
             max_packet,
             limit_owner,
             aliases,
@@ -271,6 +290,12 @@ impl Publisher {
         };
         if s.suspect.as_ref().is_some_and(|x| x.seq == seq) {
             s.suspect = None;
+        }
+        if s.probe_until.is_some_and(|until| seq >= until) {
+            s.probe_until = None;
+            if let Some(live) = &mut s.live {
+                live.window = live.full_window;
+            }
         }
         match ack.verdict {
             Verdict::Accepted => {
@@ -326,20 +351,35 @@ impl Publisher {
         self.marks.sync(&mut s.acked);
     }
 
-    /// Counts the connection's end against its oldest unacknowledged row on the wire, and sets
-    /// that row aside once it has had enough.
+    /// Counts the connection's end against its oldest unacknowledged row on the wire when that
+    /// row is to blame, narrows the window for the next connection, and sets a row aside once it
+    /// has had enough.
     fn strike(&mut self, s: &mut State, cause: &Cause) {
         let threshold = self.config.poison_disconnects;
-        if threshold == 0 {
-            return;
-        }
         let Some((seq, _)) = s.tracker.oldest_on_wire() else {
             return;
         };
+        if matches!(
+            cause.kind,
+            CauseKind::Connect | CauseKind::Broker | CauseKind::Retry
+        ) {
+            // Not the messages' doing: no strike, and no need to narrow the window.
+            return;
+        }
+        if threshold == 0 {
+            return;
+        }
+        s.probe_until = s.tracker.newest_in_flight().max(s.probe_until);
         let strikes = match cause.kind {
             CauseKind::NamesPacket => threshold,
-            CauseKind::Lost | CauseKind::Requested => 1,
-            CauseKind::Connect | CauseKind::Broker | CauseKind::Retry => return,
+            CauseKind::Requested => 1,
+            CauseKind::Lost if s.tracker.on_wire() == 1 => 1,
+            // A whole window was on the wire: no telling which one. The next connection
+            // publishes one at a time, which will.
+            _ => {
+                tracing::debug!(on_wire = s.tracker.on_wire(), %cause, "connection lost with a window in flight: narrowing it");
+                return;
+            }
         };
         let suspect = match &mut s.suspect {
             Some(x) if x.seq == seq => {

@@ -20,6 +20,7 @@
 //! | `answer_pubacks_with(n, code)` | the next `n` PUBACKs to MQTT 5 clients carry reason `code` instead (a refusal, a quota) |
 //! | `answer_subacks_with(code)` | every SUBACK refuses with `code` (MQTT 5; 0x80 under 3.1.1) while set |
 //! | `close_on_publish(pred)` | a client PUBLISH matching `pred` closes its connection instead of reaching the broker |
+//! | `swallow_publish(pred)` | a client PUBLISH matching `pred` is dropped, the connection kept: it is never acknowledged |
 //! | `drop_after(trigger, after, repeat)` | a connection is closed `after` its `trigger` happened (once, or on every connection) |
 //! | `cut()` | every current connection is closed |
 //!
@@ -96,6 +97,7 @@ struct State {
     refuse_subscriptions: Option<u8>,
     drop_pubacks: bool,
     close_on: Option<Predicate>,
+    swallow: Option<Predicate>,
     drop_rule: Option<(Trigger, Duration, Repeat)>,
     // Counters.
     connections: u64,
@@ -104,6 +106,7 @@ struct State {
     pubacks_forwarded: u64,
     pubacks_dropped: u64,
     closed_on_publish: u64,
+    swallowed: u64,
     bytes_to_broker: u64,
 }
 
@@ -216,6 +219,18 @@ impl MqttProxy {
 
     pub fn clear_close_on_publish(&self) {
         self.shared.update(|st| st.close_on = None);
+    }
+
+    /// A client PUBLISH for which `pred` holds is dropped and its connection kept: the broker
+    /// never sees it and never acknowledges it, and never says so (RabbitMQ 3.10 does this with a
+    /// publish above its `max_message_size`).
+    pub fn swallow_publish(&self, pred: impl Fn(&Publish) -> bool + Send + Sync + 'static) {
+        self.shared.update(|st| st.swallow = Some(Arc::new(pred)));
+    }
+
+    /// PUBLISH packets dropped by `swallow_publish`.
+    pub fn swallowed(&self) -> u64 {
+        self.shared.lock().swallowed
     }
 
     /// Closes a connection `after` `trigger` happens on it: on the first such connection
@@ -538,6 +553,13 @@ fn protocol_level(connect: &[u8]) -> u8 {
     b.get(2 + name_len).copied().unwrap_or(4)
 }
 
+/// What happens to a packet from the client.
+enum Up {
+    Forward,
+    Swallow,
+    Close,
+}
+
 fn pump_up(shared: &Shared, id: u64, mut from: TcpStream, mut to: TcpStream) {
     let mut framer = Framer::default();
     let mut buf = vec![0u8; 64 * 1024];
@@ -549,7 +571,7 @@ fn pump_up(shared: &Shared, id: u64, mut from: TcpStream, mut to: TcpStream) {
         framer.push(&buf[..n]);
         while let Some(packet) = framer.next() {
             let kind = packet[0] >> 4;
-            let close = {
+            let action = {
                 let mut st = shared.lock();
                 st.bytes_to_broker += packet.len() as u64;
                 let level = st.conns.get(&id).map_or(4, |c| c.level);
@@ -558,27 +580,42 @@ fn pump_up(shared: &Shared, id: u64, mut from: TcpStream, mut to: TcpStream) {
                         if let Some(c) = st.conns.get_mut(&id) {
                             c.level = protocol_level(&packet);
                         }
-                        false
+                        Up::Forward
                     }
                     3 => {
                         st.publishes += 1;
-                        let pred = st.close_on.clone();
+                        let (close_on, swallow) = (st.close_on.clone(), st.swallow.clone());
                         drop(st);
-                        let matched =
-                            pred.is_some_and(|p| parse_publish(&packet, level).is_some_and(|x| p(&x)));
+                        let publish = parse_publish(&packet, level);
+                        let matches = |pred: Option<Predicate>| {
+                            pred.is_some_and(|p| publish.as_ref().is_some_and(|x| p(x)))
+                        };
+                        let action = if matches(close_on) {
+                            Up::Close
+                        } else if matches(swallow) {
+                            Up::Swallow
+                        } else {
+                            Up::Forward
+                        };
                         let mut st = shared.lock();
-                        if matched {
-                            st.closed_on_publish += 1;
+                        match action {
+                            Up::Close => st.closed_on_publish += 1,
+                            Up::Swallow => st.swallowed += 1,
+                            Up::Forward => {}
                         }
-                        matched
+                        action
                     }
-                    _ => false,
+                    _ => Up::Forward,
                 }
             };
             shared.changed.notify_all();
-            if close {
-                close_conn(shared, id);
-                return;
+            match action {
+                Up::Close => {
+                    close_conn(shared, id);
+                    return;
+                }
+                Up::Swallow => continue,
+                Up::Forward => {}
             }
             if to.write_all(&packet).is_err() {
                 close_conn(shared, id);
