@@ -26,7 +26,7 @@ fn commit_around_poison(
     after: usize,
 ) -> (Vec<(MessageId, String)>, MessageId) {
     let mut good = Vec::new();
-    let mut publish = |value: &str| {
+    let publish = |value: &str| {
         outbox
             .transaction(|tx| tx.publish("orders/k", "k", value))
             .expect("commit")
