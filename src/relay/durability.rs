@@ -27,6 +27,9 @@ pub(crate) struct Barrier {
 
 impl Barrier {
     pub(crate) fn new(db: &Path) -> Self {
+        // SQLite puts the WAL beside the file a symlink points to.
+        let db = std::fs::canonicalize(db).unwrap_or_else(|_| db.to_path_buf());
+        let db = db.as_path();
         let mut wal = db.as_os_str().to_owned();
         wal.push("-wal");
         let dir = db
