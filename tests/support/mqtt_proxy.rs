@@ -107,6 +107,8 @@ struct State {
     pubacks_dropped: u64,
     closed_on_publish: u64,
     swallowed: u64,
+    recording: bool,
+    recorded: Vec<Publish>,
     bytes_to_broker: u64,
 }
 
@@ -226,6 +228,16 @@ impl MqttProxy {
     /// publish above its `max_message_size`).
     pub fn swallow_publish(&self, pred: impl Fn(&Publish) -> bool + Send + Sync + 'static) {
         self.shared.update(|st| st.swallow = Some(Arc::new(pred)));
+    }
+
+    /// While on, every client PUBLISH is kept, in the order the proxy saw them (`recorded()`).
+    pub fn record_publishes(&self, on: bool) {
+        self.shared.update(|st| st.recording = on);
+    }
+
+    /// The client PUBLISH packets recorded so far.
+    pub fn recorded(&self) -> Vec<Publish> {
+        self.shared.lock().recorded.clone()
     }
 
     /// PUBLISH packets dropped by `swallow_publish`.
@@ -585,8 +597,12 @@ fn pump_up(shared: &Shared, id: u64, mut from: TcpStream, mut to: TcpStream) {
                     3 => {
                         st.publishes += 1;
                         let (close_on, swallow) = (st.close_on.clone(), st.swallow.clone());
+                        let recording = st.recording;
                         drop(st);
                         let publish = parse_publish(&packet, level);
+                        if recording && let Some(p) = &publish {
+                            shared.lock().recorded.push(p.clone());
+                        }
                         let matches = |pred: Option<Predicate>| {
                             pred.is_some_and(|p| publish.as_ref().is_some_and(|x| p(x)))
                         };
