@@ -176,7 +176,7 @@ fn a_collision_is_reported_as_await_ack_then_published_after_the_ack() {
         let proxy = MqttProxy::start(broker.addr()).expect("proxy");
         proxy.hold_pubacks(1);
         let mut seen_all = Vec::new();
-        let mut step = |seen: &mut Vec<Seen>, next: &mut dyn FnMut() -> Option<Seen>, want_await: bool| {
+        let step = |seen: &mut Vec<Seen>, next: &mut dyn FnMut() -> Option<Seen>, want_await: bool| {
             let got = collect(&mut *next, |s| {
                 if want_await {
                     s.contains(&Seen::AwaitAck(1))
