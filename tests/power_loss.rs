@@ -35,7 +35,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use edge_outbox::{Envelope, MessageId, Options, Outbox, Received, Relay, Synchronous};
-use support::powercut::{self, PowerCutFs, Unsynced};
+use support::powercut::{self, CutReport, PowerCutFs, Unsynced};
 
 /// Set in the child: which workload to run (`full`, `normal`, `off`, `relay`).
 const CHILD_ENV: &str = "EDGE_OUTBOX_POWERCUT_CHILD";
@@ -356,6 +356,36 @@ struct Tally {
     unsynced_pages_kept: u64,
     /// Cuts after which the store failed `integrity_check` or could not be read.
     corrupted: u64,
+}
+
+impl Tally {
+    /// One cycle of a relay test: what the writer was told and what the cut left.
+    fn relay_cycle(&mut self, said: &Said, found: &Found, cut: &CutReport) {
+        let lost = said.committed.difference(&found.orders).count() as u64;
+        self.cycles += 1;
+        self.commits_returned += said.committed.len() as u64;
+        self.commits_lost += lost;
+        self.cycles_with_loss += u64::from(lost > 0);
+        self.unsynced_bytes_dropped += cut.unsynced_bytes;
+        self.files_rolled_back += cut.files_rolled_back as u64;
+        self.entries_rolled_back += cut.entries_rolled_back as u64;
+        self.unsynced_pages_kept += cut.pages_kept as u64;
+    }
+}
+
+/// Adds what the subscriber received to `published` and checks that the cut erased none of it:
+/// the relay's durability barrier.
+fn check_published(sub: &support::Subscriber, published: &mut BTreeSet<u64>, found: &Found, ctx: &str) {
+    published.extend(
+        support::check::decode_all(&sub.messages())
+            .iter()
+            .map(|e| e.payload_as::<u64>().expect("order number payload")),
+    );
+    let erased: Vec<_> = published.difference(&found.orders).take(5).collect();
+    assert!(
+        erased.is_empty(),
+        "{ctx}: published, then erased by the power cut: {erased:?}"
+    );
 }
 
 /// When the parent kills the child.
@@ -791,27 +821,10 @@ fn relay_under_normal_never_publishes_a_commit_the_cut_erases() {
         let found = inspect(&db).unwrap_or_else(|e| panic!("{test}: cycle {cycle}: reading the store: {e}"));
         let ctx = format!("{test}: cycle {cycle} ({cut:?})");
         assert_eq!(found.integrity, "ok", "{ctx}: integrity_check");
-        let lost = said.committed.difference(&found.orders).count() as u64;
-        tally.cycles += 1;
-        tally.commits_returned += said.committed.len() as u64;
-        tally.commits_lost += lost;
-        tally.cycles_with_loss += u64::from(lost > 0);
-        tally.unsynced_bytes_dropped += cut.unsynced_bytes;
-        tally.files_rolled_back += cut.files_rolled_back as u64;
-        tally.entries_rolled_back += cut.entries_rolled_back as u64;
-        tally.unsynced_pages_kept += cut.pages_kept as u64;
+        tally.relay_cycle(&said, &found, &cut);
         stored.extend(said.stored);
-        published.extend(
-            support::check::decode_all(&sub.messages())
-                .iter()
-                .map(|e| e.payload_as::<u64>().expect("order number payload")),
-        );
         // The durability barrier: nothing the subscriber got was erased by the cut.
-        let erased: Vec<_> = published.difference(&found.orders).take(5).collect();
-        assert!(
-            erased.is_empty(),
-            "{ctx}: published, then erased by the power cut: {erased:?}"
-        );
+        check_published(&sub, &mut published, &found, &ctx);
         // The command session syncs before it acks, whatever the store's mode.
         let unstored = stored.iter().filter(|id| !found.inbox.contains(*id)).count();
         tally.acks_lost += unstored as u64;
@@ -934,22 +947,8 @@ fn a_full_relay_never_publishes_what_a_normal_writer_in_another_process_loses() 
         let found = inspect(&db).unwrap_or_else(|e| panic!("{test}: cycle {cycle}: reading the store: {e}"));
         let ctx = format!("{test}: cycle {cycle} ({cut:?})");
         assert_eq!(found.integrity, "ok", "{ctx}: integrity_check");
-        let lost = said.committed.difference(&found.orders).count() as u64;
-        tally.cycles += 1;
-        tally.commits_returned += said.committed.len() as u64;
-        tally.commits_lost += lost;
-        tally.cycles_with_loss += u64::from(lost > 0);
-        tally.unsynced_bytes_dropped += cut.unsynced_bytes;
-        published.extend(
-            support::check::decode_all(&sub.messages())
-                .iter()
-                .map(|e| e.payload_as::<u64>().expect("order number payload")),
-        );
-        let erased: Vec<_> = published.difference(&found.orders).take(5).collect();
-        assert!(
-            erased.is_empty(),
-            "{ctx}: published, then erased by the power cut: {erased:?}"
-        );
+        tally.relay_cycle(&said, &found, &cut);
+        check_published(&sub, &mut published, &found, &ctx);
     }
     eprintln!(
         "{test}: {:.1?}, {} distinct orders published, {tally:?}, file system {:?}",

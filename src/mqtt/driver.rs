@@ -186,16 +186,7 @@ impl Driver<'_> {
                 // Every client handle was dropped: cannot happen while `client` lives.
                 Recv::Closed => return Ok(End::Done),
                 Recv::Idle => match self.handle.take_reconnect() {
-                    Some(cause) => {
-                        if deliver_buffered(connection, on_signal)? == Flow::Stop {
-                            return Ok(End::Stop);
-                        }
-                        return Ok(End::Failed {
-                            cause,
-                            connected,
-                            healthy,
-                        });
-                    }
+                    Some(cause) => return failed(connection, on_signal, cause, connected, healthy),
                     None => {
                         if !healthy && held(connected_at, keep_alive) {
                             healthy = true;
@@ -206,16 +197,7 @@ impl Driver<'_> {
                     }
                 },
                 Recv::Step(step) => step,
-                Recv::Failed(cause) => {
-                    if deliver_buffered(connection, on_signal)? == Flow::Stop {
-                        return Ok(End::Stop);
-                    }
-                    return Ok(End::Failed {
-                        cause,
-                        connected,
-                        healthy,
-                    });
-                }
+                Recv::Failed(cause) => return failed(connection, on_signal, cause, connected, healthy),
             };
             let flow = match step {
                 Step::ConnAck(granted) => {
@@ -259,14 +241,7 @@ impl Driver<'_> {
                 Flow::Continue => {}
                 Flow::Stop => return Ok(End::Stop),
                 Flow::Reconnect(cause) => {
-                    if deliver_buffered(connection, on_signal)? == Flow::Stop {
-                        return Ok(End::Stop);
-                    }
-                    return Ok(End::Failed {
-                        cause,
-                        connected: connected_at.is_some(),
-                        healthy,
-                    });
+                    return failed(connection, on_signal, cause, connected_at.is_some(), healthy);
                 }
             }
         }
@@ -289,6 +264,24 @@ fn held(connected_at: Option<Instant>, keep_alive: Duration) -> bool {
         keep_alive
     };
     connected_at.is_some_and(|t| t.elapsed() >= enough)
+}
+
+/// The end of a connection: its buffered events first, then how it ended.
+fn failed(
+    connection: &mut Connection,
+    on_signal: &mut impl FnMut(Signal) -> Result<Flow>,
+    cause: Cause,
+    connected: bool,
+    healthy: bool,
+) -> Result<End> {
+    if deliver_buffered(connection, on_signal)? == Flow::Stop {
+        return Ok(End::Stop);
+    }
+    Ok(End::Failed {
+        cause,
+        connected,
+        healthy,
+    })
 }
 
 /// Hands over what rumqttc read before the connection ended: it belongs to that connection.
