@@ -565,8 +565,8 @@ fn wait_connected(relay: &Relay) -> BoxResult<()> {
 static ARMED: AtomicBool = AtomicBool::new(false);
 static PUBACKS: OnceLock<Sender<Instant>> = OnceLock::new();
 
-/// A `tracing` layer that sees the relay's `mqtt event` trace events (one per rumqttc event, on the
-/// thread that drives the connection) and timestamps PUBACKs while armed.
+/// A `tracing` layer that sees the `mqtt event` trace events (one per rumqttc event, on the thread
+/// that drives the connection) and timestamps PUBACKs while armed.
 struct PubAckProbe;
 
 impl<S: tracing::Subscriber> Layer<S> for PubAckProbe {
@@ -601,7 +601,7 @@ impl Visit for IsPubAck {
 fn install_probe() -> Receiver<Instant> {
     let (tx, rx) = crossbeam_channel::bounded(16);
     let _ = PUBACKS.set(tx);
-    let filter = Targets::new().with_target("edge_outbox::relay::driver", tracing::Level::TRACE);
+    let filter = Targets::new().with_target("edge_outbox::mqtt::client", tracing::Level::TRACE);
     let _ = tracing_subscriber::registry()
         .with(PubAckProbe.with_filter(filter))
         .try_init();

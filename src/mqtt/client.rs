@@ -298,7 +298,10 @@ impl Connection {
                         .map_err(|e| e == rumqttc::RecvTimeoutError::Disconnected),
                 };
                 match got {
-                    Ok(Ok(e)) => Recv::Step(event::from_v4(e)),
+                    Ok(Ok(e)) => {
+                        tracing::trace!(event = ?e, "mqtt event");
+                        Recv::Step(event::from_v4(e))
+                    }
                     Ok(Err(e)) => Recv::Failed(event::cause_v4(&e, connected)),
                     Err(true) => Recv::Closed,
                     Err(false) => Recv::Idle,
@@ -312,7 +315,12 @@ impl Connection {
                         .map_err(|e| e == rumqttc::v5::RecvTimeoutError::Disconnected),
                 };
                 match got {
-                    Ok(Ok(e)) => Recv::Step(event::from_v5(e)),
+                    Ok(Ok(e)) => {
+                        // One per rumqttc event, on the connection's thread (the relay bench
+                        // timestamps PUBACKs with it).
+                        tracing::trace!(event = ?e, "mqtt event");
+                        Recv::Step(event::from_v5(e))
+                    }
                     Ok(Err(e)) => Recv::Failed(event::cause_v5(&e, connected)),
                     Err(true) => Recv::Closed,
                     Err(false) => Recv::Idle,
