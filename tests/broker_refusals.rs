@@ -138,6 +138,10 @@ fn mqtt5_acl_denial_is_dead_lettered_with_its_reason_and_later_rows_flow() {
     let status = relay.status().expect("status");
     assert_eq!((status.refused, status.dead_lettered), (1, 1), "{status:?}");
     assert_eq!(
+        status.acknowledged, 3,
+        "a refusal is not an acknowledgement: {status:?}"
+    );
+    assert_eq!(
         status.connections, 1,
         "a refusal does not cost a reconnect: {status:?}"
     );

@@ -103,6 +103,11 @@ impl StatusCell {
         self.in_flight.store(in_flight as u64, Relaxed);
     }
 
+    /// A PUBACK that did not acknowledge (a refusal, a quota): one fewer in flight.
+    pub(crate) fn on_answered(&self, in_flight: usize) {
+        self.in_flight.store(in_flight as u64, Relaxed);
+    }
+
     pub(crate) fn on_dead_lettered(&self, n: usize) {
         self.dead_lettered.fetch_add(n as u64, Relaxed);
     }

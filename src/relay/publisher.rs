@@ -310,7 +310,7 @@ impl Publisher {
                     seq,
                     reason: format!("the broker refused it: PUBACK reason {reason}"),
                 });
-                self.status.on_acked(s.tracker.in_flight());
+                self.status.on_answered(s.tracker.in_flight());
                 if awaited {
                     self.renew(
                         s,
@@ -319,6 +319,7 @@ impl Publisher {
                 }
             }
             Verdict::Later(reason) => {
+                self.status.on_answered(s.tracker.in_flight());
                 let wait = s.quota_backoff.next_delay();
                 tracing::warn!(seq, %reason, ?wait, "the broker cannot take more now: publishing again after a wait");
                 let why = format!("the broker refused a message for now: PUBACK reason {reason}");
