@@ -207,7 +207,9 @@ impl MqttConfig {
     }
 
     /// Keep-alive interval (default 30 s; zero disables; otherwise at least 1 s). Under MQTT 5 a
-    /// broker may impose its own (server keep-alive), which is used instead.
+    /// broker may impose its own (server keep-alive), which is used instead; and rumqttc's MQTT 5
+    /// client takes no less than 5 s: a shorter interval is raised to 5 s (with a warning), and
+    /// zero is refused.
     pub fn keep_alive(mut self, interval: Duration) -> Self {
         self.keep_alive = interval;
         self

@@ -438,7 +438,8 @@ fn io_text(io: &std::io::Error, connected: bool) -> String {
     }
 }
 
-/// The protocol a cause text should mention, for the 3.1.1 warning.
+/// What an operator must know about connecting with `protocol`: the warning logged on each
+/// connection made with MQTT 3.1.1.
 pub(crate) fn protocol_note(protocol: Protocol) -> Option<&'static str> {
     match protocol {
         Protocol::V5 => None,
