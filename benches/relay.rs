@@ -31,7 +31,10 @@
 //! Environment:
 //! - `EDGE_OUTBOX_BENCH_SCALE`: multiplies every count (default 1; 0.1 for a quick run);
 //! - `EDGE_OUTBOX_BENCH_ROUNDS`: drain rounds per variant (default 7, at least 3);
-//! - `EDGE_OUTBOX_BENCH_WINDOW`: in-flight window (default 100);
+//! - `EDGE_OUTBOX_BENCH_WINDOW`: in-flight window (default 100; under MQTT 5 the broker's receive
+//!   maximum lowers it: mosquitto's default `max_inflight_messages` is 20);
+//! - `EDGE_OUTBOX_BENCH_MQTT`: the relay's protocol, `5` (default) or `3.1.1` (raw rumqttc is
+//!   always its 3.1.1 client);
 //! - `EDGE_OUTBOX_BENCH_SECTIONS`: comma-separated subset of `drain,latency,memory` (default all);
 //! - `EDGE_OUTBOX_BENCH_DIR`: where the databases go (default the cargo target tmp dir; a real
 //!   disk, not tmpfs).
@@ -160,7 +163,14 @@ fn raw_messages(n: u64) -> BoxResult<Vec<(String, Vec<u8>)>> {
 }
 
 fn relay_config(port: u16, window: usize) -> RelayConfig {
-    RelayConfig::new(MqttConfig::new("127.0.0.1", port).client_id(RELAY_ID)).max_in_flight(window)
+    let protocol = match std::env::var("EDGE_OUTBOX_BENCH_MQTT").as_deref() {
+        Ok("3.1.1") => edge_outbox::Protocol::V311,
+        _ => edge_outbox::Protocol::V5,
+    };
+    let mqtt = MqttConfig::new("127.0.0.1", port)
+        .client_id(RELAY_ID)
+        .protocol(protocol);
+    RelayConfig::new(mqtt).max_in_flight(window)
 }
 
 fn raw_options(port: u16, id: &str, window: usize) -> MqttOptions {
@@ -551,8 +561,8 @@ fn wait_connected(relay: &Relay) -> BoxResult<()> {
 static ARMED: AtomicBool = AtomicBool::new(false);
 static PUBACKS: OnceLock<Sender<Instant>> = OnceLock::new();
 
-/// A `tracing` layer that sees the relay's `mqtt event` trace events (one per rumqttc event, on the
-/// thread that drives the connection) and timestamps PUBACKs while armed.
+/// A `tracing` layer that sees the `mqtt event` trace events (one per rumqttc event, on the thread
+/// that drives the connection) and timestamps PUBACKs while armed.
 struct PubAckProbe;
 
 impl<S: tracing::Subscriber> Layer<S> for PubAckProbe {
@@ -587,7 +597,7 @@ impl Visit for IsPubAck {
 fn install_probe() -> Receiver<Instant> {
     let (tx, rx) = crossbeam_channel::bounded(16);
     let _ = PUBACKS.set(tx);
-    let filter = Targets::new().with_target("edge_outbox::relay::driver", tracing::Level::TRACE);
+    let filter = Targets::new().with_target("edge_outbox::mqtt::client", tracing::Level::TRACE);
     let _ = tracing_subscriber::registry()
         .with(PubAckProbe.with_filter(filter))
         .try_init();

@@ -64,8 +64,14 @@ pub enum Error {
     },
     /// A configuration value is invalid; the message names it.
     InvalidConfig(String),
-    /// A topic name cannot be published to (empty, or containing a wildcard or NUL).
-    InvalidTopic(String),
+    /// A topic name cannot be published to: empty, longer than 65,535 bytes, containing a
+    /// wildcard (`+`, `#`) or NUL, or starting with `$` when that is not allowed.
+    InvalidTopic {
+        /// The topic as given.
+        topic: String,
+        /// Which rule it breaks.
+        why: &'static str,
+    },
     /// A dead letter, message or row named by id does not exist.
     NotFound(String),
     /// No data directory could be found for the application name (no home directory).
@@ -142,10 +148,12 @@ impl fmt::Display for Error {
                 lock_path.display()
             ),
             Error::InvalidConfig(why) => write!(f, "invalid configuration: {why}"),
-            Error::InvalidTopic(topic) => write!(
-                f,
-                "{topic:?} is not a valid MQTT topic name: it must be non-empty and have no '+', '#' or NUL"
-            ),
+            Error::InvalidTopic { topic, why } => {
+                // A topic can be 64 KiB long: show its start only.
+                let shown: String = topic.chars().take(80).collect();
+                let more = if shown.len() < topic.len() { "..." } else { "" };
+                write!(f, "{shown:?}{more} is not a valid MQTT topic name: {why}")
+            }
             Error::NotFound(what) => write!(f, "{what} not found"),
             Error::NoDataDir => {
                 f.write_str("no data directory found for this user (is HOME set?): pass an explicit path")

@@ -42,10 +42,11 @@ pub mod mutant;
 mod relay;
 mod store;
 mod time;
+mod topic;
 
 pub use envelope::{Envelope, MessageId};
 pub use error::{Error, Result};
-pub use mqtt::{MqttConfig, TlsConfig};
+pub use mqtt::{MqttConfig, Protocol, TlsConfig};
 pub use relay::{Relay, RelayConfig, Status};
 pub use store::{
     ApplyOutcome, Command, Committed, DeadLetter, Limits, Message, OnFull, Options, Origin, Outbox, Received,

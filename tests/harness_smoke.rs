@@ -257,7 +257,7 @@ fn tls_listener_with_generated_certificates() -> Result {
     let pki = Pki::generate(&dir.path().join("good"), "good")?;
     let other = Pki::generate(&dir.path().join("other"), "other")?;
     let broker = Broker::builder().tls(pki.listener(true)).start()?;
-    let tls_addr = broker.tls_addr().ok_or("no TLS listener")?;
+    let tls_addr = broker.tls_addr_v311().ok_or("no TLS listener")?;
 
     // Mutual TLS, host 127.0.0.1 checked against the IP SAN.
     let sub = Subscriber::builder(tls_addr)

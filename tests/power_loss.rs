@@ -12,6 +12,10 @@
 //!   deliberately set to `synchronous = OFF` loses returned commits: the harness has teeth.
 //! - `relay_under_normal_never_publishes_a_commit_the_cut_erases`: a relay under NORMAL in the
 //!   child, a subscriber here; nothing that reached the subscriber is missing after a cut.
+//! - `a_full_relay_never_publishes_what_a_normal_writer_in_another_process_loses`: the writer
+//!   commits under NORMAL in one child, a relay opened with FULL (the default) runs in another:
+//!   the relay's own setting says nothing about the writer's commits, and still nothing that
+//!   reached the subscriber is missing after a cut.
 //!
 //! The writer runs in a child process: this test binary again, with `--ignored --exact
 //! power_cut_child` and [`CHILD_ENV`] set (the entry point is ignored in normal runs). It prints one line per
@@ -32,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use edge_outbox::{Envelope, MessageId, Options, Outbox, Received, Relay, Synchronous};
 use support::ChildGuard;
-use support::powercut::{PowerCutFs, Unsynced};
+use support::powercut::{CutReport, PowerCutFs, Unsynced};
 
 /// Set in the child: which workload to run (`full`, `normal`, `off`, `relay`).
 const CHILD_ENV: &str = "EDGE_OUTBOX_POWERCUT_CHILD";
@@ -80,10 +84,13 @@ fn power_cut_child() {
 
 fn child(mode: &str) -> Result<(), Box<dyn std::error::Error>> {
     let db = PathBuf::from(std::env::var(DB_ENV)?);
+    if mode == "relay-full" {
+        return relay_only_child(&db);
+    }
     let start: u64 = std::env::var(START_ENV)?.parse()?;
     let sync = match mode {
         "full" | "off" => Synchronous::Full,
-        "normal" | "relay" => Synchronous::Normal,
+        "normal" | "normal-writer" | "relay" => Synchronous::Normal,
         other => return Err(format!("unknown mode {other}").into()),
     };
     let outbox = Outbox::open_with(&db, Options::new().synchronous(sync))?;
@@ -130,7 +137,9 @@ fn child(mode: &str) -> Result<(), Box<dyn std::error::Error>> {
         })?;
         say(format!("committed {first} {last}"))?;
         n = last + 1;
-        if mode != "relay" && i.is_multiple_of(3) {
+        // `normal-writer` only commits: a receive would sync the WAL (it always does) and cover
+        // the commits before it.
+        if !matches!(mode, "relay" | "normal-writer") && i.is_multiple_of(3) {
             let id = MessageId::new_v7();
             say(format!("sending {}", hex(id.as_bytes())))?;
             match outbox.receive("devices/d1/commands/credit", &command(id, n)?)? {
@@ -160,6 +169,19 @@ fn child(mode: &str) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
+    Ok(())
+}
+
+/// A relay and nothing else, on a store opened with the default `synchronous = FULL`: it only
+/// publishes what another process commits.
+fn relay_only_child(db: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let outbox = Outbox::open(db)?;
+    let addr = std::env::var(BROKER_ENV)?.parse()?;
+    let _relay = Relay::start(&outbox, support::device::relay_config(addr, "powercut-relay"))?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{MARK}ready")?;
+    out.flush()?;
+    std::thread::sleep(CHILD_LIFETIME);
     Ok(())
 }
 
@@ -335,6 +357,36 @@ struct Tally {
     unsynced_pages_kept: u64,
     /// Cuts after which the store failed `integrity_check` or could not be read.
     corrupted: u64,
+}
+
+impl Tally {
+    /// One cycle of a relay test: what the writer was told and what the cut left.
+    fn relay_cycle(&mut self, said: &Said, found: &Found, cut: &CutReport) {
+        let lost = said.committed.difference(&found.orders).count() as u64;
+        self.cycles += 1;
+        self.commits_returned += said.committed.len() as u64;
+        self.commits_lost += lost;
+        self.cycles_with_loss += u64::from(lost > 0);
+        self.unsynced_bytes_dropped += cut.unsynced_bytes;
+        self.files_rolled_back += cut.files_rolled_back as u64;
+        self.entries_rolled_back += cut.entries_rolled_back as u64;
+        self.unsynced_pages_kept += cut.pages_kept as u64;
+    }
+}
+
+/// Adds what the subscriber received to `published` and checks that the cut erased none of it:
+/// the relay's durability barrier.
+fn check_published(sub: &support::Subscriber, published: &mut BTreeSet<u64>, found: &Found, ctx: &str) {
+    published.extend(
+        support::check::decode_all(&sub.messages())
+            .iter()
+            .map(|e| e.payload_as::<u64>().expect("order number payload")),
+    );
+    let erased: Vec<_> = published.difference(&found.orders).take(5).collect();
+    assert!(
+        erased.is_empty(),
+        "{ctx}: published, then erased by the power cut: {erased:?}"
+    );
 }
 
 /// When the parent kills the child.
@@ -775,27 +827,10 @@ fn relay_under_normal_never_publishes_a_commit_the_cut_erases() {
         let found = inspect(&db).unwrap_or_else(|e| panic!("{test}: cycle {cycle}: reading the store: {e}"));
         let ctx = format!("{test}: cycle {cycle} ({cut:?})");
         assert_eq!(found.integrity, "ok", "{ctx}: integrity_check");
-        let lost = said.committed.difference(&found.orders).count() as u64;
-        tally.cycles += 1;
-        tally.commits_returned += said.committed.len() as u64;
-        tally.commits_lost += lost;
-        tally.cycles_with_loss += u64::from(lost > 0);
-        tally.unsynced_bytes_dropped += cut.unsynced_bytes;
-        tally.files_rolled_back += cut.files_rolled_back as u64;
-        tally.entries_rolled_back += cut.entries_rolled_back as u64;
-        tally.unsynced_pages_kept += cut.pages_kept as u64;
+        tally.relay_cycle(&said, &found, &cut);
         stored.extend(said.stored);
-        published.extend(
-            support::check::decode_all(&sub.messages())
-                .iter()
-                .map(|e| e.payload_as::<u64>().expect("order number payload")),
-        );
         // The durability barrier: nothing the subscriber got was erased by the cut.
-        let erased: Vec<_> = published.difference(&found.orders).take(5).collect();
-        assert!(
-            erased.is_empty(),
-            "{ctx}: published, then erased by the power cut: {erased:?}"
-        );
+        check_published(&sub, &mut published, &found, &ctx);
         // The command session syncs before it acks, whatever the store's mode.
         let unstored = stored.iter().filter(|id| !found.inbox.contains(*id)).count();
         tally.acks_lost += unstored as u64;
@@ -826,6 +861,115 @@ fn relay_under_normal_never_publishes_a_commit_the_cut_erases() {
     assert!(
         !published.is_empty() && !sent.is_empty(),
         "nothing was published or sent"
+    );
+}
+
+/// Starts the relay-only child and waits until it is ready (it has opened, and on the first
+/// cycle created, the store).
+fn start_relay_child(
+    db: &Path,
+    broker: std::net::SocketAddr,
+) -> Result<ChildGuard, Box<dyn std::error::Error>> {
+    let child = Command::new(std::env::current_exe()?)
+        .args([
+            "--ignored",
+            "--exact",
+            "power_cut_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, "relay-full")
+        .env(DB_ENV, db)
+        .env(START_ENV, "0")
+        .env(BROKER_ENV, broker.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let mut child = ChildGuard::new(child);
+    let stdout = child.stdout.take().ok_or("no child stdout")?;
+    let (tx, rx) = mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if line.contains(&format!("{MARK}ready")) {
+                let _ = tx.send(());
+            }
+        }
+    });
+    if rx.recv_timeout(support::WAIT).is_err() {
+        return Err("the relay child never got ready".into());
+    }
+    Ok(child)
+}
+
+/// DESIGN.md, "Learned in the field" 18: durable before published, whoever wrote it. The relay
+/// runs in its own process on a store opened with FULL; the writer is another process that
+/// commits under NORMAL. Both are killed, the power is cut, and everything the subscriber
+/// received must still be in the store. Without the relay's WAL sync, a NORMAL commit the relay
+/// published is erased by the cut (the relay's own FULL setting never syncs another process's
+/// commits).
+#[test]
+#[cfg_attr(
+    eo_skip_fuse,
+    ignore = "needs FUSE: /dev/fuse, and root or fusermount3 (the build warning says why)"
+)]
+fn a_full_relay_never_publishes_what_a_normal_writer_in_another_process_loses() {
+    let test = "a_full_relay_never_publishes_what_a_normal_writer_in_another_process_loses";
+    let broker = support::Broker::start().expect("broker");
+    let sub = support::Subscriber::start(broker.addr(), "orders/#").expect("subscriber");
+    let mut fs = PowerCutFs::mount().expect("mount the power-cut file system");
+    let db = fs.path().join("device.db");
+    let mut rng = Rng::from_env(test);
+    let (cycles, budget) = cycles(10);
+    let started = Instant::now();
+    let mut tally = Tally::default();
+    let mut published = BTreeSet::new();
+    for cycle in 1..=cycles {
+        if budget.is_some_and(|b| started.elapsed() > b) {
+            break;
+        }
+        let mut relay =
+            start_relay_child(&db, broker.addr()).unwrap_or_else(|e| panic!("{test}: cycle {cycle}: {e}"));
+        let said = run_child(
+            "normal-writer",
+            &db,
+            cycle * CYCLE_SPAN,
+            None,
+            false,
+            &mut || {},
+            Kill::Random(&mut rng),
+        );
+        // The relay dies too, before the power goes (by pid), whatever the writer's fate.
+        let _ = relay.kill();
+        let _ = relay.wait();
+        let said = said.unwrap_or_else(|e| panic!("{test}: cycle {cycle}: {e}"));
+        let unsynced = if cycle.is_multiple_of(2) {
+            Unsynced::SomePages(rng.next())
+        } else {
+            Unsynced::Lost
+        };
+        let cut = fs.power_cut_with(unsynced).expect("power cut");
+        // Let what the broker already took reach the subscriber.
+        std::thread::sleep(Duration::from_millis(100));
+        let found = inspect(&db).unwrap_or_else(|e| panic!("{test}: cycle {cycle}: reading the store: {e}"));
+        let ctx = format!("{test}: cycle {cycle} ({cut:?})");
+        assert_eq!(found.integrity, "ok", "{ctx}: integrity_check");
+        tally.relay_cycle(&said, &found, &cut);
+        check_published(&sub, &mut published, &found, &ctx);
+    }
+    eprintln!(
+        "{test}: {:.1?}, {} distinct orders published, {tally:?}, file system {:?}",
+        started.elapsed(),
+        published.len(),
+        fs.counters()
+    );
+    assert!(tally.cycles >= 3, "only {} cycles ran", tally.cycles);
+    assert!(!published.is_empty(), "nothing was published");
+    assert!(
+        tally.commits_lost > 0,
+        "no returned commit was lost: the writer's commits were synced by something else, so the \
+         test shows nothing about the relay ({tally:?})"
     );
 }
 

@@ -68,7 +68,7 @@ fn status_topic_says_online_then_offline_by_will_and_by_clean_stop() {
 #[test]
 fn username_and_password_are_required_and_checked() {
     let broker = Broker::builder()
-        .credentials("pump-17", "s3cret")
+        .user("pump-17", "s3cret")
         .start()
         .expect("broker");
     let sub = Subscriber::builder(broker.addr())

@@ -47,7 +47,7 @@ fn mutual_tls_delivers_and_strangers_are_refused() {
     let pki = Pki::generate(&dir.path().join("pki"), "device").expect("pki");
     let other = Pki::generate(&dir.path().join("other"), "stranger").expect("other pki");
     let broker = Broker::builder().tls(pki.listener(true)).start().expect("broker");
-    let tls_port = broker.tls_addr().expect("tls listener").port();
+    let tls_port = broker.tls_addr_v5().expect("tls listener").port();
     let sub = Subscriber::start(broker.addr(), "orders/#").expect("subscriber");
 
     // Mutual TLS with the right CA and a client certificate it signed.

@@ -6,8 +6,8 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, TryRecvError, select};
 
 use crate::error::Result;
-use crate::relay::backoff::Backoff;
-use crate::relay::status::StatusCell;
+use crate::mqtt::backoff::Backoff;
+use crate::mqtt::status::StatusCell;
 use crate::store::{ApplyOutcome, Command, Outbox, Tx};
 
 /// A command handler: the effect of one command, run in the transaction that marks it applied.

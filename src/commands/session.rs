@@ -1,58 +1,68 @@
 //! The command session: receive, store, then acknowledge.
 //!
-//! It connects with `clean_session = false` and its own client id, so the broker queues commands
-//! while the device is offline, and with manual acks, so a command is acknowledged only after it
-//! is committed in the inbox. Acks are sent from the event-loop thread, in arrival order, once
-//! per delivery, before the next poll: rumqttc drops queued acks when the connection fails, so an
-//! ack never reaches a newer connection than its delivery came on (MQTT-4.6.0-2). Storing never
-//! waits on application code; applying is a separate step.
+//! It connects with a persistent session (`clean_session = false` under 3.1.1, a session that
+//! never expires under MQTT 5) and its own client id, so the broker queues commands while the
+//! device is offline, and with manual acks, so a command is acknowledged only after it is
+//! committed in the inbox. Acks are sent from the event-loop thread, in arrival order, once per
+//! delivery, before the next poll, and always on the connection the delivery came on: each
+//! connection has its own client, so an ack never reaches a newer connection (MQTT-4.6.0-2).
+//! Storing never waits on application code; applying is a separate step.
+//!
+//! A subscription the broker refuses (an ACL, a filter it does not support) is an error the
+//! operator sees, in the log and in [`Status::last_error`](crate::Status::last_error), not a
+//! silent absence of commands. A delivery of any size is taken (the client accepts up to MQTT's
+//! limit) and one above the inbox's payload limit is dead-lettered and acknowledged, so it
+//! cannot wedge the session by being redelivered forever.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
-use rumqttc::{Client, Event, Outgoing, Packet, QoS, SubscribeReasonCode};
 use rusqlite::Connection;
 
 use crate::error::Result;
-use crate::relay::backoff::Backoff;
-use crate::relay::driver::{Flow, Signal, drive};
-use crate::relay::status::StatusCell;
+use crate::mqtt::backoff::Backoff;
+use crate::mqtt::driver::{Driver, Flow, SessionHandle, Signal};
+use crate::mqtt::event::{Cause, CauseKind, Delivery, Event, SubResult, reason_name};
+use crate::mqtt::status::StatusCell;
+use crate::mqtt::{MqttClient, SessionOptions};
 use crate::store::{Options, Received, inbox_receive};
 
 pub(crate) struct CommandSession {
     pub conn: Connection,
     pub options: Options,
-    pub client: Client,
+    pub mqtt: SessionOptions,
+    pub endpoint: String,
+    pub handle: Arc<SessionHandle>,
     pub filter: String,
     pub arrivals: Sender<()>,
     pub stop: Receiver<()>,
     pub status: Arc<StatusCell>,
     pub backoff: Backoff,
-    pub connect_timeout: Duration,
 }
 
 impl CommandSession {
-    pub(crate) fn run(self, connection: rumqttc::Connection) -> Result<()> {
+    pub(crate) fn run(self) -> Result<()> {
         let CommandSession {
             conn,
             options,
-            client,
+            mqtt,
+            endpoint,
+            handle,
             filter,
             arrivals,
             stop,
             status,
             backoff,
-            connect_timeout,
         } = self;
         let mut store_backoff = backoff.clone();
-        let mut unstored: Vec<rumqttc::Publish> = Vec::new();
-        let mut store = |publish: &rumqttc::Publish| -> Result<Flow> {
+        let mut client: Option<MqttClient> = None;
+        let mut unstored: Vec<Box<Delivery>> = Vec::new();
+        let mut store = |delivery: &Delivery| -> Result<Flow> {
             let received = loop {
-                match inbox_receive(&conn, &options, &publish.topic, &publish.payload) {
+                match inbox_receive(&conn, &options, &delivery.topic, &delivery.payload) {
                     Ok(r) => break r,
                     Err(e) => {
-                        tracing::error!(error = %e, topic = %publish.topic, "could not store a command; retrying");
+                        tracing::error!(error = %e, topic = %delivery.topic, "could not store a command; retrying");
                         status.set_error(format!("storing a command: {e}"));
                         if stop.recv_timeout(store_backoff.next_delay())
                             != Err(crossbeam_channel::RecvTimeoutError::Timeout)
@@ -66,7 +76,7 @@ impl CommandSession {
             store_backoff.reset();
             match &received {
                 Received::Stored(id) => {
-                    tracing::debug!(%id, topic = %publish.topic, "command stored");
+                    tracing::debug!(%id, topic = %delivery.topic, "command stored");
                     status.on_command(false);
                     let _ = arrivals.try_send(());
                 }
@@ -78,73 +88,95 @@ impl CommandSession {
             }
             Ok(Flow::Continue)
         };
-        drive(connection, &stop, backoff, connect_timeout, |signal| {
+        let driver = Driver {
+            name: "command session",
+            endpoint,
+            options: &mqtt,
+            handle: &handle,
+            stop: &stop,
+            backoff,
+        };
+        driver.run(|signal| {
             match signal {
-                // The mutant's second half: its ack is on the wire; now the crash window, then
-                // the store.
-                Signal::Event(Event::Outgoing(Outgoing::PubAck(pkid))) if !unstored.is_empty() => {
-                    if let Some(i) = unstored.iter().position(|p| p.pkid == pkid) {
-                        let publish = unstored.remove(i);
+                Signal::Connected(link) => {
+                    tracing::debug!(session_present = link.granted.session_present, %filter, "command session connected");
+                    if link.client.try_subscribe(&filter).is_err() {
+                        tracing::error!("could not queue the command subscription");
+                        return Ok(Flow::Reconnect(Cause::new(
+                            CauseKind::Retry,
+                            "could not queue the command subscription",
+                        )));
+                    }
+                    client = Some(link.client);
+                }
+                Signal::Event(Event::SubAck(results)) => {
+                    let refused: Vec<String> = results
+                        .iter()
+                        .filter_map(|r| match r {
+                            SubResult::Refused(code) => Some(format!("0x{code:02X} {}", reason_name(*code))),
+                            SubResult::Granted => None,
+                        })
+                        .collect();
+                    if refused.is_empty() {
+                        // Ready: connected and subscribed.
+                        status.set_commands_connected(true);
+                    } else {
+                        let error = format!(
+                            "the broker refused the command subscription {filter:?} ({}): no command \
+                             will arrive; check the broker's ACL for this client",
+                            refused.join(", ")
+                        );
+                        tracing::error!("{error}");
+                        status.set_commands_connected(false);
+                        status.set_error(error);
+                    }
+                }
+                Signal::Event(Event::Delivery(delivery)) if crate::mutant::active("ack-before-commit") => {
+                    // Broken on purpose: acknowledged now, stored once the ack is on the wire. A
+                    // crash in between loses the command.
+                    if let Some(c) = client.as_ref() {
+                        let _ = c.try_ack(&delivery);
+                    }
+                    unstored.push(delivery);
+                }
+                Signal::Event(Event::AckSent(pkid)) if !unstored.is_empty() => {
+                    if let Some(i) = unstored.iter().position(|d| d.pkid() == pkid) {
+                        let delivery = unstored.remove(i);
                         crate::failpoint::hit("command-stored-before-ack");
-                        if store(&publish)? == Flow::Stop {
+                        if store(&delivery)? == Flow::Stop {
                             return Ok(Flow::Stop);
                         }
                     }
                 }
-                Signal::Event(Event::Incoming(Packet::ConnAck(ack))) => {
-                    tracing::info!(session_present = ack.session_present, %filter, "command session connected");
-                    if let Err(e) = client.try_subscribe(filter.as_str(), QoS::AtLeastOnce) {
-                        tracing::error!(error = %e, "could not subscribe to commands");
-                        return Ok(Flow::Reconnect);
-                    }
-                }
-                Signal::Event(Event::Incoming(Packet::SubAck(ack))) => {
-                    if ack
-                        .return_codes
-                        .iter()
-                        .any(|c| matches!(c, SubscribeReasonCode::Failure))
-                    {
-                        let error = format!("broker refused the command subscription {filter:?}");
-                        tracing::error!(%error);
-                        status.set_error(error);
-                    } else {
-                        // Ready: connected and subscribed.
-                        status.set_commands_connected(true);
-                    }
-                }
-                Signal::Event(Event::Incoming(Packet::Publish(publish)))
-                    if crate::mutant::active("ack-before-commit") =>
-                {
-                    // Broken on purpose: acknowledged now, stored once the ack is sent. A crash
-                    // in between loses the command.
-                    let _ = client.try_ack(&publish);
-                    unstored.push(publish);
-                }
-                Signal::Event(Event::Incoming(Packet::Publish(publish))) => {
+                Signal::Event(Event::Delivery(delivery)) => {
                     // Store first; until it is stored the delivery is not acknowledged, and
                     // neither is anything after it (acks go in order).
-                    if store(&publish)? == Flow::Stop {
+                    if store(&delivery)? == Flow::Stop {
                         return Ok(Flow::Stop);
                     }
                     crate::failpoint::hit("command-stored-before-ack");
-                    if let Err(e) = client.try_ack(&publish) {
+                    let acked = client.as_ref().is_some_and(|c| c.try_ack(&delivery).is_ok());
+                    if !acked {
                         // Without this ack no later one may be sent: start a new connection
                         // and let the broker redeliver (the inbox recognises the duplicate).
-                        tracing::warn!(error = %e, "could not queue a command ack; reconnecting");
-                        return Ok(Flow::Reconnect);
+                        tracing::warn!("could not queue a command ack; reconnecting");
+                        return Ok(Flow::Reconnect(Cause::new(
+                            CauseKind::Retry,
+                            "could not queue a command acknowledgement",
+                        )));
                     }
                 }
                 Signal::Event(_) => {}
-                Signal::Disconnected(error) => {
+                Signal::Disconnected(cause) => {
                     // (Mutant only) acks that never reached the wire: store what they were for.
-                    for publish in std::mem::take(&mut unstored) {
-                        if store(&publish)? == Flow::Stop {
+                    for delivery in std::mem::take(&mut unstored) {
+                        if store(&delivery)? == Flow::Stop {
                             return Ok(Flow::Stop);
                         }
                     }
+                    client = None;
                     status.set_commands_connected(false);
-                    tracing::warn!(%error, "command session disconnected");
-                    status.set_error(format!("command session: {error}"));
+                    status.set_error(format!("command session: {cause}"));
                 }
             }
             Ok(Flow::Continue)

@@ -19,8 +19,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use rusqlite::Connection;
 
 use super::rows;
-use super::status::StatusCell;
 use crate::error::Result;
+use crate::mqtt::status::StatusCell;
 use crate::store::Options;
 
 /// What the publisher sends the marker.

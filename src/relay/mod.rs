@@ -1,14 +1,11 @@
 //! The relay: background threads that publish the outbox over MQTT and, optionally, receive and
 //! apply commands.
 
-pub(crate) mod backoff;
-pub(crate) mod driver;
+mod durability;
 mod lock;
 mod marker;
 mod publisher;
 mod rows;
-pub(crate) mod status;
-mod tracker;
 
 use std::fmt::Display;
 use std::sync::Arc;
@@ -16,18 +13,17 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
-use rumqttc::Client;
 
-use self::backoff::Backoff;
-use self::driver::{Flow, Signal, drive};
 use self::lock::RelayLock;
 use self::marker::{Marker, Marks};
-use self::publisher::{DEFAULT_SHUTDOWN_TIMEOUT, Msg, Publisher};
-pub use self::status::Status;
-use self::status::StatusCell;
+use self::publisher::{DEFAULT_SHUTDOWN_TIMEOUT, Publisher};
 use crate::commands::{CommandSession, Handler, run_handler};
 use crate::error::{Error, Result};
-use crate::mqtt::MqttConfig;
+use crate::mqtt::backoff::Backoff;
+use crate::mqtt::driver::{Driver, Flow, SessionHandle, Signal};
+pub use crate::mqtt::status::Status;
+use crate::mqtt::status::StatusCell;
+use crate::mqtt::{MqttConfig, Role, SessionOptions};
 use crate::store::{Command, Outbox, Tx, connect};
 
 /// How the relay runs. Setters return `Self`; [`Relay::start`] validates.
@@ -40,6 +36,8 @@ use crate::store::{Command, Outbox, Tx, connect};
 /// | [`reconnect_backoff`](Self::reconnect_backoff) | 100 ms doubling to 30 s, with jitter |
 /// | [`shutdown_timeout`](Self::shutdown_timeout) | 5 s |
 /// | [`prune_interval`](Self::prune_interval) | 10 min |
+/// | [`ack_timeout`](Self::ack_timeout) | 60 s |
+/// | [`poison_disconnects`](Self::poison_disconnects) | 3 |
 /// | [`commands`](Self::commands) | none: publish only, one MQTT session |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayConfig {
@@ -51,6 +49,8 @@ pub struct RelayConfig {
     pub(crate) backoff_max: Duration,
     pub(crate) shutdown_timeout: Duration,
     pub(crate) prune_interval: Duration,
+    pub(crate) ack_timeout: Duration,
+    pub(crate) poison_disconnects: u32,
     pub(crate) commands: Option<String>,
     pub(crate) commands_client_id: Option<String>,
 }
@@ -67,6 +67,8 @@ impl RelayConfig {
             backoff_max: Duration::from_secs(30),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             prune_interval: Duration::from_secs(600),
+            ack_timeout: Duration::from_secs(60),
+            poison_disconnects: 3,
             commands: None,
             commands_client_id: None,
         }
@@ -92,8 +94,11 @@ impl RelayConfig {
         self
     }
 
-    /// Wait between connection attempts: from `min`, doubling to `max`, with jitter; reset after
-    /// a successful connection (default 100 ms to 30 s).
+    /// Wait between connection attempts: from `min`, doubling to `max`, with jitter (default
+    /// 100 ms to 30 s). It starts again from `min` only after a connection proved healthy (a
+    /// PUBACK came, or it held for one keep-alive), never on CONNACK alone: a broker that accepts
+    /// a connection and drops it at once is retried less and less often. The same wait applies
+    /// after the broker answers "quota exceeded".
     pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
         self.backoff_min = min;
         self.backoff_max = max;
@@ -107,10 +112,36 @@ impl RelayConfig {
         self
     }
 
-    /// How often applied command ids and retained sent rows past their retention are pruned
-    /// (default 10 min).
+    /// How often applied command ids and retained sent rows past their retention are pruned and
+    /// free pages returned to the file system (default 10 min). It runs in short slices whether
+    /// or not the outbox is empty, so a device that never catches up is still cleaned.
     pub fn prune_interval(mut self, interval: Duration) -> Self {
         self.prune_interval = interval;
+        self
+    }
+
+    /// How long the oldest message in flight may wait for its PUBACK while the connection stays
+    /// up (default 60 s). Then the connection is renewed and the message published again, and
+    /// the wait counts as a strike against it (see
+    /// [`poison_disconnects`](Self::poison_disconnects)): some brokers neither acknowledge nor
+    /// disconnect for a publish they will not take (RabbitMQ 3.10 above `max_message_size`).
+    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = timeout;
+        self
+    }
+
+    /// Poison isolation: a message that was the oldest unacknowledged one on the wire when this
+    /// many connections in a row ended (dropped by the broker, or renewed after the ack timeout)
+    /// is moved to the dead letters with the cause, so the messages behind it flow (default 3;
+    /// 0 never isolates). A DISCONNECT whose MQTT 5 reason code names the packet (packet too
+    /// large, topic name invalid, not authorized, payload format invalid, malformed packet)
+    /// counts as all of them at once; a broker that is busy, shutting down or quota-limited
+    /// counts nothing. A single transient drop never dead-letters anything (unless this is 1).
+    ///
+    /// Per key, the messages behind an isolated one are published without it: the dead letter
+    /// is the gap, and retrying it queues it again after them.
+    pub fn poison_disconnects(mut self, n: u32) -> Self {
+        self.poison_disconnects = n;
         self
     }
 
@@ -142,6 +173,9 @@ impl RelayConfig {
         if self.poll_interval.is_zero() {
             return Err(Error::InvalidConfig("poll_interval must be above zero".into()));
         }
+        if self.ack_timeout.is_zero() {
+            return Err(Error::InvalidConfig("ack_timeout must be above zero".into()));
+        }
         if self.commands.as_deref() == Some("") {
             return Err(Error::InvalidConfig("command topic filter is empty".into()));
         }
@@ -171,10 +205,10 @@ impl RelayConfig {
 pub struct Relay {
     stop: Option<Sender<()>>,
     threads: Vec<JoinHandle<Result<()>>>,
-    command_client: Option<Client>,
-    /// The publishing session's handle, used only if the publisher thread died (see
+    command_session: Option<Arc<SessionHandle>>,
+    /// The publishing session, ended from here only if the publisher thread died (see
     /// `stop_and_join`).
-    publish_client: Option<Client>,
+    publish_session: Option<Arc<SessionHandle>>,
     status: Arc<StatusCell>,
     outbox: Outbox,
     lock: Option<RelayLock>,
@@ -203,15 +237,24 @@ impl Relay {
 
     fn spawn(outbox: &Outbox, config: RelayConfig, handler: Option<Handler>) -> Result<Relay> {
         config.validate()?;
-        let lock = RelayLock::acquire(outbox.path())?;
-        let mut publish_options = config.mqtt.to_rumqttc(config.mqtt.id(), true)?;
-        // rumqttc's own in-flight limit (default 100) would otherwise cap the window whatever
-        // max_in_flight says; validate() keeps it within 1..=65535.
-        publish_options.set_inflight(u16::try_from(config.max_in_flight).unwrap_or(u16::MAX));
+        // validate() keeps max_in_flight within 1..=65535.
+        let window = u16::try_from(config.max_in_flight).unwrap_or(u16::MAX);
+        let publish_options = SessionOptions::new(
+            &config.mqtt,
+            config.mqtt.id(),
+            Role::Publisher {
+                max_in_flight: window,
+            },
+        )?;
         let command_options = match &config.commands {
-            Some(_) => Some(config.mqtt.to_rumqttc(&config.commands_client(), false)?),
+            Some(_) => Some(SessionOptions::new(
+                &config.mqtt,
+                &config.commands_client(),
+                Role::Commands,
+            )?),
             None => None,
         };
+        let lock = RelayLock::acquire(outbox.path())?;
         let relay_conn = connect(outbox.path(), outbox.options())?;
         let marker_conn = connect(outbox.path(), outbox.options())?;
         // Losing a mark to a power cut only means publishing that row again, so the relay's own
@@ -227,26 +270,35 @@ impl Relay {
         let mut relay = Relay {
             stop: Some(stop_tx),
             threads: Vec::new(),
-            command_client: None,
-            publish_client: None,
+            command_session: None,
+            publish_session: None,
             status: status.clone(),
             outbox: outbox.clone(),
             lock: Some(lock),
         };
         let backoff = Backoff::new(config.backoff_min, config.backoff_max);
-        let connect_timeout = config.mqtt.connect_timeout_value();
+        let endpoint = config.mqtt.endpoint();
 
-        // Publishing session: one thread drives rumqttc, one feeds it rows, one marks acks.
-        let (client, connection) = Client::new(publish_options, config.max_in_flight + 16);
-        relay.publish_client = Some(client.clone());
+        // Publishing session: one thread drives the connections, one feeds them rows, one marks
+        // acks.
+        let session = Arc::new(SessionHandle::default());
+        relay.publish_session = Some(session.clone());
         let (events_tx, events_rx) = crossbeam_channel::unbounded();
         {
             let stop = stop_rx.clone();
             let backoff = backoff.clone();
+            let session = session.clone();
+            let endpoint = endpoint.clone();
             relay.spawn_thread("edge-outbox-mqtt", move || {
-                drive(connection, &stop, backoff, connect_timeout, |signal| {
-                    forward(&events_tx, signal)
-                })
+                let driver = Driver {
+                    name: "relay",
+                    endpoint,
+                    options: &publish_options,
+                    handle: &session,
+                    stop: &stop,
+                    backoff,
+                };
+                driver.run(|signal| forward(&events_tx, signal))
             })?;
         }
         let (marks_tx, marks_rx) = crossbeam_channel::unbounded();
@@ -260,20 +312,21 @@ impl Relay {
         let publisher = Publisher {
             conn: relay_conn,
             marks: Marks::new(marks_tx),
+            barrier: durability::Barrier::new(outbox.path()),
             options: outbox.options().clone(),
             config: config.clone(),
-            client,
             events: events_rx,
+            session,
             wake: outbox.wake_receiver(),
             stop: stop_rx.clone(),
             status: status.clone(),
         };
         relay.spawn_thread(PUBLISHER_THREAD, move || publisher.run())?;
 
-        if let (Some(filter), Some(options)) = (&config.commands, command_options) {
-            let (client, connection) = Client::new(options, 1024);
+        if let (Some(filter), Some(mqtt)) = (&config.commands, command_options) {
             let (arrivals_tx, arrivals_rx) = crossbeam_channel::bounded(1);
-            relay.command_client = Some(client.clone());
+            let handle = Arc::new(SessionHandle::default());
+            relay.command_session = Some(handle.clone());
             let session_conn = connect(outbox.path(), outbox.options())?;
             // A command is acknowledged once stored; under NORMAL a power cut could then erase it
             // and the broker would never redeliver it. So this connection always syncs.
@@ -281,15 +334,16 @@ impl Relay {
             let session = CommandSession {
                 conn: session_conn,
                 options: outbox.options().clone(),
-                client,
+                mqtt,
+                endpoint: endpoint.clone(),
+                handle,
                 filter: filter.clone(),
                 arrivals: arrivals_tx,
                 stop: stop_rx.clone(),
                 status: status.clone(),
                 backoff,
-                connect_timeout,
             };
-            relay.spawn_thread("edge-outbox-commands", move || session.run(connection))?;
+            relay.spawn_thread("edge-outbox-commands", move || session.run())?;
             if let Some(handler) = handler {
                 let (outbox, stop, status) = (outbox.clone(), stop_rx.clone(), status.clone());
                 relay.spawn_thread("edge-outbox-handler", move || {
@@ -304,7 +358,8 @@ impl Relay {
             })?;
         }
         tracing::info!(
-            broker = %format!("{}:{}", config.mqtt.host(), config.mqtt.port()),
+            broker = %endpoint,
+            protocol = %config.mqtt.version(),
             client_id = config.mqtt.id(),
             commands = ?config.commands,
             lock = %relay.lock.as_ref().map(|l| l.path().display().to_string()).unwrap_or_default(),
@@ -345,8 +400,8 @@ impl Relay {
     fn stop_and_join(&mut self) -> Result<()> {
         // Dropping the sender wakes every thread's stop receiver at once.
         drop(self.stop.take());
-        if let Some(client) = self.command_client.take() {
-            let _ = client.try_disconnect();
+        if let Some(session) = self.command_session.take() {
+            session.close();
         }
         let mut first_error = None;
         // The publisher first: it ends the publishing session itself, with a DISCONNECT once its
@@ -359,8 +414,8 @@ impl Relay {
         {
             join_thread(self.threads.remove(i), &mut first_error);
         }
-        if let Some(client) = self.publish_client.take() {
-            let _ = client.try_disconnect();
+        if let Some(session) = self.publish_session.take() {
+            session.close();
         }
         for handle in self.threads.drain(..) {
             join_thread(handle, &mut first_error);
@@ -403,15 +458,12 @@ fn join_thread(handle: JoinHandle<Result<()>>, first_error: &mut Option<Error>) 
     }
 }
 
-/// The connection thread's side of the publisher channel. A disconnect waits for the publisher's
-/// reply, so nothing it submits for the dead connection survives the next drain.
-fn forward(events: &Sender<Msg>, signal: Signal) -> Result<Flow> {
-    let sent = match signal {
-        Signal::Event(event) => events.send(Msg::Event(event)).is_ok(),
-        Signal::Disconnected(error) => {
-            let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
-            events.send(Msg::Disconnected(error, reply_tx)).is_ok() && reply_rx.recv().is_ok()
-        }
-    };
-    Ok(if sent { Flow::Continue } else { Flow::Stop })
+/// The connection thread's side of the publisher channel: every signal goes to the publisher,
+/// in order; once the publisher is gone, the session ends.
+fn forward(events: &Sender<Signal>, signal: Signal) -> Result<Flow> {
+    Ok(if events.send(signal).is_ok() {
+        Flow::Continue
+    } else {
+        Flow::Stop
+    })
 }

@@ -1,48 +1,76 @@
-//! The publisher: keeps the in-flight window full from the outbox and hands rows to the marker
-//! (see [`super::marker`]) as their PUBACKs arrive.
+//! The publisher: keeps the in-flight window full from the outbox, hands rows to the marker (see
+//! [`super::marker`]) as their PUBACKs arrive, and decides what happens to a row the broker
+//! refuses or keeps choking on.
 //!
 //! The window is ack-driven: every PUBACK frees a slot that is refilled at once from a cursor on
-//! `seq`. A stop-and-wait loop (select a batch, wait for all its PUBACKs, mark, repeat) measured
-//! 0.09 of raw rumqttc throughput against a default mosquitto, whose Nagle delay holds the last
-//! PUBACKs of each batch for about 40 ms; a full window measured 0.99.
+//! `seq` (a stop-and-wait batch loop is far slower against a broker whose Nagle delay holds the
+//! last PUBACKs of each batch: see the relay benchmark).
+//!
+//! What the broker says about a row:
+//! - PUBACK success or "no matching subscribers": acknowledged, marked.
+//! - PUBACK refusal (MQTT 5: not authorized, topic name invalid, payload format invalid, ...): the
+//!   row moves to the dead letters with the reason code and string; the rows behind it go on.
+//! - PUBACK "quota exceeded": nothing more is published for a backoff wait, then the connection
+//!   is renewed and publishing resumes from the oldest unacknowledged row.
+//! - The connection dies with rows on the wire: which one the broker choked on is not known while a
+//!   whole window was in flight, so the next connection narrows the window to one message until
+//!   it is past every row that was in flight. A connection that dies with a single row on the
+//!   wire, or when no PUBACK came for the oldest within the ack timeout, is a strike against
+//!   that row (all strikes at once when the broker's reason code names the packet). After
+//!   `poison_disconnects` strikes in a row the row is dead-lettered as poison, so one bad row
+//!   cannot stop the outbox behind it, and a single transient drop never dead-letters anything.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, select};
-use rumqttc::{Client, Event, Outgoing, Packet, QoS};
+use crossbeam_channel::{Receiver, select};
+use rumqttc::QoS;
 use rusqlite::Connection;
 
 use super::RelayConfig;
+use super::durability::Barrier;
 use super::marker::Marks;
 use super::rows::{self, Encoding, Ready, Unpublishable};
-use super::status::StatusCell;
-use super::tracker::Tracker;
 use crate::error::Result;
-use crate::store::{Options, Synchronous};
-
-/// What the connection thread sends the publisher.
-pub(crate) enum Msg {
-    Event(Event),
-    /// The connection failed; reply once no more requests will be submitted for it.
-    Disconnected(String, Sender<()>),
-}
+use crate::mqtt::backoff::Backoff;
+use crate::mqtt::driver::{Link, SessionHandle, Signal};
+use crate::mqtt::event::{Cause, CauseKind, Event, PubAck, Verdict};
+use crate::mqtt::status::StatusCell;
+use crate::mqtt::tracker::{Seq, Tracker};
+use crate::mqtt::{Aliases, MqttClient, Protocol};
+use crate::store::Options;
 
 pub(crate) struct Publisher {
     pub conn: Connection,
     pub marks: Marks,
+    pub barrier: Barrier,
     pub options: Options,
     pub config: RelayConfig,
-    pub client: Client,
-    pub events: Receiver<Msg>,
+    pub events: Receiver<Signal>,
+    pub session: Arc<SessionHandle>,
     pub wake: Receiver<()>,
     pub stop: Receiver<()>,
     pub status: Arc<StatusCell>,
 }
 
+/// The current connection, as far as publishing goes.
+struct Live {
+    client: MqttClient,
+    /// Most rows in flight now: 1 while probing, else `full_window`.
+    window: usize,
+    /// Ours, lowered to the broker's receive maximum.
+    full_window: usize,
+    /// Largest packet: ours, lowered to the broker's maximum packet size.
+    max_packet: usize,
+    limit_owner: &'static str,
+    aliases: Aliases,
+    /// A reconnect was requested (ack timeout, quota): do not ask twice.
+    renewing: bool,
+}
+
 struct State {
-    connected: bool,
+    live: Option<Live>,
     tracker: Tracker,
     /// Encoded rows read ahead of the window, in sequence order.
     ready: VecDeque<Ready>,
@@ -57,28 +85,55 @@ struct State {
     at_end: bool,
     /// The last read failed; retry at the next idle tick.
     read_failed: bool,
-    /// Under `synchronous = NORMAL`: every row up to this sequence number is known to be on disk
-    /// (a durability barrier committed after it). Kept across reconnects.
+    /// Every row up to this sequence number is known to be on stable storage (a durability
+    /// barrier committed after it). Kept across reconnects.
     durable_through: i64,
     /// Acknowledged rows not yet handed to the marker.
     acked: Vec<i64>,
+    /// Rows the broker refused, to move to the dead letters.
+    refused: Vec<Unpublishable>,
+    /// The row with strikes against it, if any.
+    suspect: Option<Suspect>,
+    /// A connection died with rows on the wire: publish one at a time until a row up to this one
+    /// is acknowledged, so the row the broker chokes on is the only one on the wire when it does.
+    probe_until: Option<Seq>,
+    /// Quota exceeded: publish nothing new until then, then renew the connection; and why.
+    paused_until: Option<(Instant, String)>,
+    quota_backoff: Backoff,
+    /// Topic aliases misbehaved on this broker: never use them again in this run.
+    aliases_off: bool,
     data_version: i64,
     stopping: Option<Instant>,
-    last_prune: Instant,
+    next_tick: Instant,
+    next_prune: Instant,
+}
+
+/// A row that was the oldest unacknowledged one when connections died.
+struct Suspect {
+    seq: Seq,
+    strikes: u32,
 }
 
 /// Acknowledged rows go to the marker at least this often under load.
 const ACK_BATCH: usize = 512;
 /// Rows read from the outbox at a time, at least.
 const READ_BATCH: usize = 256;
-/// Queued events are taken without a `select!` (about a fifth of the publisher's time when it ran
-/// once per event), but at most this many in a row, so that stop and wake-ups are still seen.
+/// Queued events are taken without a `select!`, but at most this many in a row, so that stop and
+/// wake-ups are still seen.
 const EVENT_BURST: usize = 64;
+/// Timers (ack timeout, quota pause, cleanup) are checked this often, busy or idle.
+const TICK: Duration = Duration::from_millis(100);
+/// One slice of cleanup takes at most this long; the next slice follows after `PRUNE_PAUSE`.
+const PRUNE_SLICE: Duration = Duration::from_millis(25);
+const PRUNE_PAUSE: Duration = Duration::from_millis(250);
+/// Bytes of MQTT 5 publish properties at most: their length, and a topic alias.
+const V5_PROPERTIES: usize = 4;
 
 impl Publisher {
     pub(crate) fn run(mut self) -> Result<()> {
+        let now = Instant::now();
         let mut s = State {
-            connected: false,
+            live: None,
             tracker: Tracker::default(),
             ready: VecDeque::new(),
             cursor: 0,
@@ -88,40 +143,54 @@ impl Publisher {
             read_failed: false,
             durable_through: 0,
             acked: Vec::new(),
+            refused: Vec::new(),
+            suspect: None,
+            probe_until: None,
+            paused_until: None,
+            quota_backoff: Backoff::new(self.config.backoff_min, self.config.backoff_max),
+            aliases_off: false,
             data_version: rows::data_version(&self.conn)?,
             stopping: None,
-            last_prune: Instant::now(),
+            next_tick: now + TICK,
+            next_prune: now + self.config.prune_interval,
         };
         let mut stop = self.stop.clone();
         let mut burst = 0;
         loop {
             crate::failpoint::hit("relay-loop");
-            if s.connected && s.stopping.is_none() {
+            if s.live.is_some() && s.stopping.is_none() && s.paused_until.is_none() {
                 self.fill_window(&mut s);
             }
             if !s.acked.is_empty() && (s.acked.len() >= ACK_BATCH || self.events.is_empty()) {
                 self.hand_over_acks(&mut s);
             }
+            if !s.refused.is_empty() {
+                self.dead_letter_refused(&mut s);
+            }
             if let Some(deadline) = s.stopping
-                && (s.tracker.in_flight() == 0 || !s.connected || Instant::now() >= deadline)
+                && (s.tracker.in_flight() == 0 || s.live.is_none() || Instant::now() >= deadline)
             {
                 break;
             }
+            if Instant::now() >= s.next_tick {
+                self.on_tick(&mut s);
+            }
             if burst < EVENT_BURST
-                && let Ok(msg) = self.events.try_recv()
+                && let Ok(signal) = self.events.try_recv()
             {
                 burst += 1;
-                self.handle(&mut s, msg);
+                self.handle(&mut s, signal);
                 continue;
             }
             burst = 0;
             let idle_wait = match s.stopping {
                 Some(deadline) => deadline.saturating_duration_since(Instant::now()),
                 None => self.config.poll_interval,
-            };
+            }
+            .min(s.next_tick.saturating_duration_since(Instant::now()));
             select! {
-                recv(self.events) -> msg => match msg {
-                    Ok(msg) => self.handle(&mut s, msg),
+                recv(self.events) -> signal => match signal {
+                    Ok(signal) => self.handle(&mut s, signal),
                     // The connection thread ended (shutdown, or it failed): nothing more will come.
                     Err(_) => break,
                 },
@@ -135,81 +204,252 @@ impl Publisher {
             }
         }
         self.marks.sync(&mut s.acked);
-        if s.connected {
+        if let Some(live) = &s.live {
             // A clean DISCONNECT: the broker discards the last will, so `offline` is not sent
             // for a planned stop (the status topic gets it published explicitly instead).
             if let Some(topic) = self.config.mqtt.status() {
-                let _ = self.client.try_publish(topic, QoS::AtLeastOnce, true, "offline");
+                let _ = live
+                    .client
+                    .try_publish(topic, QoS::AtLeastOnce, true, "offline", None);
             }
-            let _ = self.client.try_disconnect();
+            let _ = live.client.try_disconnect();
         }
         self.status.set_connected(false);
         Ok(())
     }
 
-    fn handle(&mut self, s: &mut State, msg: Msg) {
-        match msg {
-            Msg::Event(Event::Incoming(Packet::ConnAck(ack))) => {
-                tracing::info!(session_present = ack.session_present, "relay connected");
-                // clean_session = true: rumqttc dropped everything queued for the old
-                // connection, so resume from the oldest row not yet acknowledged, once every
-                // acknowledged row is marked.
-                self.marks.sync(&mut s.acked);
-                s.tracker.reset();
-                s.ready.clear();
-                s.cursor = if crate::mutant::active("skip-resume") {
-                    s.highest_submitted
-                } else {
-                    0
-                };
-                s.resend_through = s.highest_submitted;
-                s.at_end = false;
-                s.connected = true;
-                self.status.on_connected();
-                if let Some(topic) = self.config.mqtt.status() {
-                    // QoS 0 reports packet id 0, which the tracker ignores: it is not a row.
-                    let _ = self.client.try_publish(topic, QoS::AtMostOnce, true, "online");
-                }
-            }
-            Msg::Event(Event::Outgoing(Outgoing::Publish(pkid))) => {
+    fn handle(&mut self, s: &mut State, signal: Signal) {
+        match signal {
+            Signal::Connected(link) => self.on_connected(s, link),
+            Signal::Event(Event::Published(pkid)) => {
                 s.tracker.on_publish(pkid);
                 // On the wire, not yet acknowledged (QoS 0 status messages report id 0).
                 if pkid != 0 {
                     crate::failpoint::hit("after-publish-before-puback");
                 }
             }
-            Msg::Event(Event::Outgoing(Outgoing::AwaitAck(pkid))) => s.tracker.on_await_ack(pkid),
-            Msg::Event(Event::Incoming(Packet::PubAck(ack))) => {
-                if let Some(seq) = s.tracker.on_puback(ack.pkid) {
-                    crate::failpoint::hit("after-puback-before-mark");
-                    s.acked.push(seq);
-                    self.status.on_acked(s.tracker.in_flight());
+            Signal::Event(Event::AwaitAck(pkid)) => s.tracker.on_await_ack(pkid),
+            Signal::Event(Event::PubAck(ack)) => self.on_puback(s, ack),
+            Signal::Event(_) => {}
+            Signal::Disconnected(cause) => self.on_disconnected(s, cause),
+        }
+    }
+
+    fn on_connected(&mut self, s: &mut State, link: Link) {
+        // A clean session: nothing queued for the old connection survives, so resume from the
+        // oldest row not yet acknowledged, once every acknowledged row is marked.
+        self.marks.sync(&mut s.acked);
+        s.tracker.reset();
+        s.ready.clear();
+        s.cursor = if crate::mutant::active("skip-resume") {
+            s.highest_submitted
+        } else {
+            0
+        };
+        s.resend_through = s.highest_submitted;
+        s.at_end = false;
+        let g = &link.granted;
+        let window = g.receive_max.map_or(self.config.max_in_flight, |m| {
+            self.config.max_in_flight.min(usize::from(m).max(1))
+        });
+        let ours = self.config.mqtt.packet_limit();
+        let (max_packet, limit_owner) = match g.max_packet_size {
+            Some(theirs) if (theirs as usize) < ours => (theirs as usize, "the broker's maximum packet size"),
+            _ => (ours, "MqttConfig::max_packet_size"),
+        };
+        let aliases = match (self.config.mqtt.version(), g.topic_alias_max) {
+            (Protocol::V5, Some(max))
+                if max > 0 && self.config.mqtt.uses_topic_aliases() && !s.aliases_off =>
+            {
+                Aliases::up_to(max)
+            }
+            _ => Aliases::none(),
+        };
+        let full_window = window;
+        let window = if s.probe_until.is_some() {
+            tracing::info!(
+                "publishing one message at a time until past those in flight when the last connection ended"
+            );
+            1
+        } else {
+            full_window
+        };
+        if full_window < self.config.max_in_flight || max_packet < ours {
+            tracing::info!(
+                window = full_window,
+                max_packet,
+                "the broker's limits apply (receive maximum, maximum packet size)"
+            );
+        }
+        self.status.on_connected(g);
+        if let Some(topic) = self.config.mqtt.status() {
+            // QoS 0 reports packet id 0, which the tracker ignores: it is not a row.
+            let _ = link
+                .client
+                .try_publish(topic, QoS::AtMostOnce, true, "online", None);
+        }
+        s.live = Some(Live {
+            client: link.client,
+            window,
+            full_window,
+            max_packet,
+            limit_owner,
+            aliases,
+            renewing: false,
+        });
+    }
+
+    fn on_puback(&mut self, s: &mut State, ack: PubAck) {
+        // rumqttc skips its collision check on a refusal, so a row parked on this packet id
+        // would wait until the collision times out: renew the connection instead.
+        let awaited = s.tracker.is_awaited(ack.pkid);
+        let Some(seq) = s.tracker.on_puback(ack.pkid) else {
+            return;
+        };
+        if s.suspect.as_ref().is_some_and(|x| x.seq == seq) {
+            s.suspect = None;
+        }
+        if s.probe_until.is_some_and(|until| seq >= until) {
+            s.probe_until = None;
+            if let Some(live) = &mut s.live {
+                live.window = live.full_window;
+            }
+        }
+        match ack.verdict {
+            Verdict::Accepted => {
+                crate::failpoint::hit("after-puback-before-mark");
+                s.acked.push(seq);
+                self.status.on_acked(s.tracker.in_flight());
+                s.quota_backoff.reset();
+            }
+            Verdict::Refused(reason) => {
+                tracing::warn!(seq, %reason, "the broker refused a message: moving it to the dead letters");
+                s.refused.push(Unpublishable {
+                    seq,
+                    reason: format!("the broker refused it: PUBACK reason {reason}"),
+                });
+                self.status.on_answered(s.tracker.in_flight());
+                if awaited {
+                    self.renew(
+                        s,
+                        Cause::new(CauseKind::Retry, "a refused message held a packet id"),
+                    );
                 }
             }
-            Msg::Event(_) => {}
-            Msg::Disconnected(error, reply) => {
-                if s.connected {
-                    tracing::warn!(%error, in_flight = s.tracker.in_flight(), "relay disconnected");
-                    self.status.on_connection_lost();
-                } else {
-                    tracing::debug!(%error, "relay connection attempt failed");
+            Verdict::Later(reason) => {
+                self.status.on_answered(s.tracker.in_flight());
+                let wait = s.quota_backoff.next_delay();
+                tracing::warn!(seq, %reason, ?wait, "the broker cannot take more now: publishing again after a wait");
+                let why = format!("the broker refused a message for now: PUBACK reason {reason}");
+                self.status.set_error(why.clone());
+                s.paused_until = Some((Instant::now() + wait, why));
+                if awaited {
+                    self.renew(
+                        s,
+                        Cause::new(CauseKind::Retry, "a refused message held a packet id"),
+                    );
                 }
-                s.connected = false;
-                s.tracker.reset();
-                s.ready.clear();
-                self.status.on_disconnected(error);
-                self.marks.sync(&mut s.acked);
-                let _ = reply.send(());
             }
         }
     }
 
+    fn on_disconnected(&mut self, s: &mut State, cause: Cause) {
+        if cause.text.contains("0x94") || cause.text.contains("0x82") {
+            if !s.aliases_off {
+                tracing::warn!(%cause, "not using topic aliases with this broker any more");
+            }
+            s.aliases_off = true;
+        }
+        self.strike(s, &cause);
+        s.live = None;
+        s.tracker.reset();
+        s.ready.clear();
+        // Retried on the next connection, whatever the wait was for.
+        s.paused_until = None;
+        self.status.on_disconnected(cause.text);
+        self.marks.sync(&mut s.acked);
+    }
+
+    /// Counts the connection's end against its oldest unacknowledged row on the wire when that
+    /// row is to blame, narrows the window for the next connection, and sets a row aside once it
+    /// has had enough.
+    fn strike(&mut self, s: &mut State, cause: &Cause) {
+        let threshold = self.config.poison_disconnects;
+        let Some((seq, _)) = s.tracker.oldest_on_wire() else {
+            return;
+        };
+        if matches!(
+            cause.kind,
+            CauseKind::Connect | CauseKind::Broker | CauseKind::Retry
+        ) {
+            // Not the messages' doing: no strike, and no need to narrow the window.
+            return;
+        }
+        if threshold == 0 {
+            return;
+        }
+        s.probe_until = s.tracker.newest_in_flight().max(s.probe_until);
+        let strikes = match cause.kind {
+            CauseKind::NamesPacket => threshold,
+            CauseKind::Requested => 1,
+            CauseKind::Lost if s.tracker.on_wire() == 1 => 1,
+            // A whole window was on the wire: no telling which one. The next connection
+            // publishes one at a time, which will.
+            _ => {
+                tracing::debug!(on_wire = s.tracker.on_wire(), %cause, "connection lost with a window in flight: narrowing it");
+                return;
+            }
+        };
+        let suspect = match &mut s.suspect {
+            Some(x) if x.seq == seq => {
+                x.strikes += strikes;
+                x
+            }
+            other => other.insert(Suspect { seq, strikes }),
+        };
+        if suspect.strikes < threshold {
+            tracing::info!(seq, strikes = suspect.strikes, threshold, %cause, "the oldest unacknowledged message was on the wire when the connection ended");
+            return;
+        }
+        let reason = if cause.kind == CauseKind::NamesPacket {
+            format!("poison: the broker closed the connection over it: {cause}")
+        } else {
+            format!(
+                "poison: it was the oldest unacknowledged message when {} connections in a row ended; last: {cause}",
+                suspect.strikes
+            )
+        };
+        s.suspect = None;
+        tracing::warn!(seq, %reason, "isolating a message the broker keeps choking on");
+        match rows::dead_letter(&mut self.conn, &[Unpublishable { seq, reason }]) {
+            Ok(()) => {
+                self.status.on_dead_lettered(1);
+                self.status.on_isolated();
+            }
+            // It stays in the outbox and is published again; the strikes start over.
+            Err(e) => tracing::error!(error = %e, seq, "could not dead-letter a poison message"),
+        }
+    }
+
+    /// Asks the connection thread for a new connection (at most once per connection).
+    fn renew(&self, s: &mut State, cause: Cause) {
+        if let Some(live) = &mut s.live
+            && !live.renewing
+        {
+            live.renewing = true;
+            self.session.request_reconnect(cause);
+        }
+    }
+
     fn fill_window(&mut self, s: &mut State) {
-        let window = self.config.max_in_flight;
-        while s.tracker.in_flight() < window {
+        loop {
+            let Some(live) = &s.live else { return };
+            if s.tracker.in_flight() >= live.window {
+                return;
+            }
             if s.ready.is_empty() {
                 if s.at_end {
-                    break;
+                    return;
                 }
                 if let Err(e) = self.read_ahead(s) {
                     // Transient (busy, I/O): try again at the next idle tick, not in a tight loop.
@@ -221,10 +461,12 @@ impl Publisher {
                 }
                 continue;
             }
-            let Some(row) = s.ready.pop_front() else { break };
-            match self
+            let Some(live) = &mut s.live else { return };
+            let Some(row) = s.ready.pop_front() else { return };
+            let alias = live.aliases.for_topic(&row.topic);
+            match live
                 .client
-                .try_publish(row.topic, QoS::AtLeastOnce, false, row.envelope)
+                .try_publish(&row.topic, QoS::AtLeastOnce, false, row.envelope, alias)
             {
                 Ok(()) => {
                     s.tracker.submit(row.seq);
@@ -235,27 +477,33 @@ impl Publisher {
                         s.acked.push(row.seq);
                     }
                 }
-                Err(e) => {
+                Err(_) => {
                     // The request channel is sized above the window, so this means the
-                    // connection thread is gone; the row stays in the outbox for next time.
-                    tracing::warn!(error = %e, "could not hand a publish to rumqttc");
+                    // connection is gone; the row stays in the outbox for the next one.
+                    tracing::debug!("could not hand a publish to rumqttc: the connection is ending");
                     s.ready.clear();
-                    s.cursor = 0;
-                    s.at_end = false;
-                    break;
+                    s.live = None;
+                    return;
                 }
             }
         }
     }
 
     fn read_ahead(&mut self, s: &mut State) -> Result<()> {
+        let Some(live) = &s.live else { return Ok(()) };
         // Each read is a transaction with its locks and a statement run: read a few windows'
         // worth at a time under load (an idle relay reads the one new row anyway).
         let limit = self.config.max_in_flight.max(READ_BATCH);
         let mut bad = Vec::new();
         let enc = Encoding {
             source: &self.config.source,
-            max_packet: self.config.mqtt.packet_limit(),
+            max_packet: live.max_packet,
+            limit_owner: live.limit_owner,
+            properties: match self.config.mqtt.version() {
+                Protocol::V5 => V5_PROPERTIES,
+                Protocol::V311 => 0,
+            },
+            allow_dollar: self.options.limits.dollar_topics_allowed(),
         };
         let before = s.ready.len();
         let read = rows::read_after(&self.conn, &enc, s.cursor, limit, &mut s.ready, &mut bad)?;
@@ -264,12 +512,13 @@ impl Publisher {
         }
         if let Some(last) = read.last_seq
             && last > s.durable_through
-            && self.options.synchronous == Synchronous::Normal
         {
-            // Under NORMAL a returned commit may still be lost to a power cut. Publishing it
-            // before it is durable could announce an order that the power cut then erases: make
-            // what was read durable first. What was read was committed before the barrier.
-            let high = rows::durability_barrier(&self.conn)?;
+            // Whoever wrote these rows, and with whatever `synchronous` setting, their commit
+            // may not be on stable storage yet (a NORMAL writer's is not until the WAL is
+            // synced). Publishing it first could announce a change that a power cut then erases:
+            // sync the WAL once for everything read. What was read was committed before it.
+            // (See super::durability.)
+            let high = self.barrier.sync(&self.conn)?;
             s.durable_through = high.max(last);
         }
         s.cursor = read.last_seq.unwrap_or(s.cursor);
@@ -288,11 +537,65 @@ impl Publisher {
         }
     }
 
+    fn dead_letter_refused(&mut self, s: &mut State) {
+        let refused = std::mem::take(&mut s.refused);
+        match rows::dead_letter(&mut self.conn, &refused) {
+            Ok(()) => {
+                self.status.on_dead_lettered(refused.len());
+                self.status.on_refused(refused.len());
+            }
+            // They stay in the outbox and are published again after the next reconnect.
+            Err(e) => tracing::error!(error = %e, "could not dead-letter refused rows"),
+        }
+    }
+
     fn hand_over_acks(&mut self, s: &mut State) {
         if !self.marks.send(&mut s.acked) {
             // Only if the marker thread died: the rows stay unmarked and are published again.
             tracing::error!("the marker thread is gone; acknowledged rows stay in the outbox");
             s.acked.clear();
+        }
+    }
+
+    /// Timers, checked every tick whether the relay is busy or idle: the ack timeout, the end of
+    /// a quota pause, and cleanup (a device that never catches up must still prune and vacuum).
+    fn on_tick(&mut self, s: &mut State) {
+        let now = Instant::now();
+        s.next_tick = now + TICK;
+        if let Some((seq, written)) = s.tracker.oldest_on_wire()
+            && now.duration_since(written) >= self.config.ack_timeout
+        {
+            let cause = Cause::new(
+                CauseKind::Requested,
+                format!(
+                    "no PUBACK within {:?} for the oldest message in flight (seq {seq})",
+                    self.config.ack_timeout
+                ),
+            );
+            self.renew(s, cause);
+        }
+        if s.paused_until.as_ref().is_some_and(|(t, _)| now >= *t)
+            && let Some((_, why)) = s.paused_until.take()
+        {
+            self.renew(
+                s,
+                Cause::new(CauseKind::Retry, format!("{why}; publishing it again")),
+            );
+        }
+        if now >= s.next_prune && s.stopping.is_none() {
+            let done = match crate::store::maintain_for(&self.conn, &self.options, PRUNE_SLICE) {
+                Ok(m) => m.done,
+                Err(e) => {
+                    tracing::warn!(error = %e, "pruning failed");
+                    true
+                }
+            };
+            s.next_prune = now
+                + if done {
+                    self.config.prune_interval
+                } else {
+                    PRUNE_PAUSE
+                };
         }
     }
 
@@ -307,12 +610,6 @@ impl Publisher {
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "could not poll the database for changes"),
-        }
-        if s.last_prune.elapsed() >= self.config.prune_interval {
-            s.last_prune = Instant::now();
-            if let Err(e) = crate::store::maintain(&self.conn, &self.options) {
-                tracing::warn!(error = %e, "pruning failed");
-            }
         }
     }
 }

@@ -4,11 +4,11 @@
 use std::collections::VecDeque;
 
 use rusqlite::types::ValueRef;
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, TransactionBehavior, params};
 
 use crate::cbor::{self, Reader};
 use crate::envelope::{Fields, MessageId, Payload, decode_headers, write_envelope};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::store::Options;
 use crate::time::now_ms;
 
@@ -27,8 +27,13 @@ pub(crate) struct Unpublishable {
 
 pub(crate) struct Encoding<'a> {
     pub source: &'a str,
-    /// Largest MQTT packet the broker connection allows.
+    /// Largest MQTT packet the connection allows, and whose limit it is (for the dead letter).
     pub max_packet: usize,
+    pub limit_owner: &'static str,
+    /// Bytes of MQTT 5 properties a publish may carry (a topic alias); 0 under 3.1.1.
+    pub properties: usize,
+    /// Whether topics may start with `$`.
+    pub allow_dollar: bool,
 }
 
 /// How much one read got.
@@ -82,9 +87,7 @@ fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Resul
         _ => return Err("id is not a 16-byte blob".into()),
     };
     let topic: String = row.get(2).map_err(get)?;
-    if topic.is_empty() || topic.contains(['+', '#', '\0']) {
-        return Err(Error::InvalidTopic(topic).to_string());
-    }
+    crate::topic::check(&topic, cfg.allow_dollar).map_err(|e| e.to_string())?;
     let key: String = row.get(3).map_err(get)?;
     let payload = match row.get_ref(4).map_err(get)? {
         ValueRef::Blob(b) => {
@@ -123,12 +126,13 @@ fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Resul
         headers,
     };
     write_envelope(&mut envelope, &fields, payload);
-    // Fixed header (1), remaining length (up to 4), topic length (2), topic, packet id (2), payload.
-    let packet = 1 + 4 + 2 + topic.len() + 2 + envelope.len();
+    // Fixed header (1), remaining length (up to 4), topic length (2), topic, packet id (2),
+    // properties, payload.
+    let packet = 1 + 4 + 2 + topic.len() + 2 + cfg.properties + envelope.len();
     if packet > cfg.max_packet {
         return Err(format!(
-            "message needs a {packet}-byte MQTT packet, above the {}-byte limit",
-            cfg.max_packet
+            "message needs a {packet}-byte MQTT packet, above the {}-byte limit ({})",
+            cfg.max_packet, cfg.limit_owner
         ));
     }
     Ok(Ready { seq, topic, envelope })
@@ -209,29 +213,6 @@ pub(crate) fn dead_letter(conn: &mut Connection, bad: &[Unpublishable]) -> Resul
     }
     tx.commit()?;
     Ok(())
-}
-
-/// Makes every commit so far durable: a commit with `synchronous = FULL` syncs the WAL, and with it
-/// every frame written before it, whoever wrote them.
-///
-/// Returns the highest outbox sequence number committed before the barrier: every row up to it
-/// is now on disk (one writer at a time, and a higher `seq` always commits later), so rows read
-/// later up to that number need no barrier of their own (a backlog needs one, not one per read).
-pub(crate) fn durability_barrier(conn: &Connection) -> Result<i64> {
-    let high: i64 = conn
-        .prepare_cached("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'")?
-        .query_row([], |r| r.get(0))
-        .optional()?
-        .unwrap_or(0);
-    conn.pragma_update(None, "synchronous", "FULL")?;
-    let written = conn.execute(
-        "INSERT INTO edge_outbox_meta (name, value) VALUES ('durability_barrier', 1)
-         ON CONFLICT (name) DO UPDATE SET value = value + 1",
-        [],
-    );
-    conn.pragma_update(None, "synchronous", "NORMAL")?;
-    written?;
-    Ok(high)
 }
 
 /// The database's change counter as this connection sees it: it moves when another connection

@@ -334,15 +334,21 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
 }
 
 /// Deletes the ids of commands applied, or dead and no longer in the dead letters, longer ago than
-/// the retention. A dead command whose dead letter still exists keeps its row: retrying the dead
-/// letter puts that row back in line.
-pub(crate) fn prune(conn: &Connection, options: &Options) -> Result<u64> {
+/// the retention, at most `batch` of each kind per call (short write transactions). A dead command
+/// whose dead letter still exists keeps its row: retrying the dead letter puts that row back in
+/// line.
+pub(crate) fn prune(conn: &Connection, options: &Options, batch: usize) -> Result<u64> {
     let cutoff = now_ms().saturating_sub(ms(options.inbox_retention));
-    let applied = conn.execute("DELETE FROM inbox WHERE applied_at < ?1", [cutoff])?;
+    let batch = i64::try_from(batch).unwrap_or(i64::MAX);
+    let applied = conn.execute(
+        "DELETE FROM inbox WHERE seq IN (SELECT seq FROM inbox WHERE applied_at < ?1 LIMIT ?2)",
+        params![cutoff, batch],
+    )?;
     let dropped = conn.execute(
-        "DELETE FROM inbox WHERE dead_at < ?1 AND NOT EXISTS (
-             SELECT 1 FROM dead_letters d WHERE d.origin = 'inbox' AND d.message_id = inbox.id)",
-        [cutoff],
+        "DELETE FROM inbox WHERE seq IN (SELECT seq FROM inbox WHERE dead_at < ?1 AND NOT EXISTS (
+             SELECT 1 FROM dead_letters d WHERE d.origin = 'inbox' AND d.message_id = inbox.id)
+         LIMIT ?2)",
+        params![cutoff, batch],
     )?;
     Ok((applied + dropped) as u64)
 }

@@ -10,6 +10,7 @@ mod stats;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{Connection, TransactionBehavior};
@@ -194,10 +195,14 @@ impl Outbox {
     /// free pages to the file system. Returns the rows deleted.
     pub fn prune(&self) -> Result<u64> {
         let conn = self.lock();
-        let deleted =
-            inbox::prune(&conn, &self.shared.options)? + outbox::prune_sent(&conn, &self.shared.options)?;
-        conn.execute_batch("PRAGMA incremental_vacuum")?;
-        Ok(deleted)
+        let mut deleted = 0;
+        loop {
+            let m = maintain_for(&conn, &self.shared.options, Duration::from_secs(60))?;
+            deleted += m.deleted;
+            if m.done {
+                return Ok(deleted);
+            }
+        }
     }
 
     /// Runs `f` with this handle's connection, for reads and maintenance the crate does not wrap.
@@ -232,11 +237,52 @@ pub(crate) fn inbox_receive(
     inbox::receive(conn, options, topic, bytes)
 }
 
-/// Periodic housekeeping on `conn`: prune past retention, return free pages.
-pub(crate) fn maintain(conn: &Connection, options: &Options) -> Result<u64> {
-    let deleted = inbox::prune(conn, options)? + outbox::prune_sent(conn, options)?;
-    conn.execute_batch("PRAGMA incremental_vacuum")?;
-    Ok(deleted)
+/// What one slice of housekeeping did.
+pub(crate) struct Maintenance {
+    /// Rows deleted past their retention.
+    pub deleted: u64,
+    /// Nothing is left to delete or vacuum.
+    pub done: bool,
+}
+
+/// Rows deleted per statement, and pages returned per `incremental_vacuum`, in housekeeping: each
+/// is a short write transaction, so writers are never held up for long.
+const PRUNE_BATCH: usize = 500;
+const VACUUM_PAGES: u32 = 128;
+
+/// Housekeeping on `conn` for about `budget` at most: prune past retention in batches, then return
+/// free pages to the file system a few at a time. Callers that run it periodically (the relay,
+/// busy or not) call again soon while it is not `done`.
+pub(crate) fn maintain_for(conn: &Connection, options: &Options, budget: Duration) -> Result<Maintenance> {
+    let deadline = Instant::now().checked_add(budget);
+    let out_of_time = || deadline.is_some_and(|d| Instant::now() >= d);
+    let mut deleted = 0;
+    loop {
+        let n = inbox::prune(conn, options, PRUNE_BATCH)? + outbox::prune_sent(conn, options, PRUNE_BATCH)?;
+        deleted += n;
+        if n == 0 {
+            break;
+        }
+        if out_of_time() {
+            return Ok(Maintenance { deleted, done: false });
+        }
+    }
+    // Files created before auto_vacuum was set have no incremental vacuum: nothing to do there.
+    let incremental: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
+    if incremental != 2 {
+        return Ok(Maintenance { deleted, done: true });
+    }
+    loop {
+        let free: i64 = conn.query_row("PRAGMA freelist_count", [], |r| r.get(0))?;
+        if free == 0 {
+            break;
+        }
+        conn.execute_batch(&format!("PRAGMA incremental_vacuum({VACUUM_PAGES})"))?;
+        if out_of_time() {
+            return Ok(Maintenance { deleted, done: false });
+        }
+    }
+    Ok(Maintenance { deleted, done: true })
 }
 
 impl std::fmt::Debug for Outbox {

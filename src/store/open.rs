@@ -67,8 +67,7 @@ fn create_owner_only(path: &Path) -> Result<()> {
         return Ok(());
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::io(format!("creating directory {}", dir.display()), e))?;
+        create_dir_owner_only(dir)?;
     }
     let mut open = OpenOptions::new();
     open.write(true).create_new(true);
@@ -129,12 +128,18 @@ pub fn default_path(app: &str) -> Result<PathBuf> {
     }
     let dirs = directories::ProjectDirs::from("", "", app).ok_or(Error::NoDataDir)?;
     let dir = dirs.data_dir();
+    create_dir_owner_only(dir)?;
+    Ok(dir.join("outbox.db"))
+}
+
+/// Creates `dir` and any missing parents readable by their owner only (0700), whatever the
+/// umask; directories that exist are left as they are.
+fn create_dir_owner_only(dir: &Path) -> Result<()> {
     let mut builder = std::fs::DirBuilder::new();
     builder.recursive(true);
     #[cfg(unix)]
     std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
     builder
         .create(dir)
-        .map_err(|e| Error::io(format!("creating directory {}", dir.display()), e))?;
-    Ok(dir.join("outbox.db"))
+        .map_err(|e| Error::io(format!("creating directory {}", dir.display()), e))
 }

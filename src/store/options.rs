@@ -41,10 +41,13 @@ pub enum OnFull {
 
 /// Bounds on what the outbox may hold. Checked inside the writing transaction.
 ///
-/// Defaults: payloads up to 64 KiB, no limit on pending messages or bytes, [`OnFull::Reject`].
+/// Defaults: payloads up to 64 KiB, no limit on pending messages or bytes, [`OnFull::Reject`],
+/// no topics starting with `$`. Every topic is checked at enqueue: non-empty, at most 65,535
+/// bytes, no wildcard and no NUL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     max_payload_bytes: usize,
+    allow_dollar_topics: bool,
     max_pending_messages: Option<u64>,
     max_pending_bytes: Option<u64>,
     on_full: OnFull,
@@ -54,6 +57,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_payload_bytes: 64 * 1024,
+            allow_dollar_topics: false,
             max_pending_messages: None,
             max_pending_bytes: None,
             on_full: OnFull::Reject,
@@ -71,6 +75,14 @@ impl Limits {
     /// broker's packet limit minus the topic and about 100 bytes of envelope.
     pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
         self.max_payload_bytes = bytes;
+        self
+    }
+
+    /// Accept topics that start with `$` (default false: refused with [`Error::InvalidTopic`]).
+    /// Brokers reserve such topics (`$SYS/...`, `$aws/...`) and usually refuse or drop publishes
+    /// there; allow them only for a broker that documents one you may publish to.
+    pub fn allow_dollar_topics(mut self, allow: bool) -> Self {
+        self.allow_dollar_topics = allow;
         self
     }
 
@@ -95,6 +107,11 @@ impl Limits {
     /// The payload size limit in bytes.
     pub fn payload_limit(&self) -> usize {
         self.max_payload_bytes
+    }
+
+    /// Whether topics starting with `$` are accepted.
+    pub fn dollar_topics_allowed(&self) -> bool {
+        self.allow_dollar_topics
     }
 
     /// The pending-message limit, if any.

@@ -100,7 +100,7 @@ pub fn run() -> Result<(), Error> {
         .ok_or_else(|| Error::InvalidConfig(format!("bad broker address {broker}")))?;
     let mqtt = MqttConfig::new(host, port)
         .client_id(CLIENT_ID)
-        .keep_alive(Duration::from_secs(2))
+        .keep_alive(Duration::from_secs(5))
         .connect_timeout(Duration::from_secs(2));
     let config = RelayConfig::new(mqtt)
         .commands(COMMAND_FILTER)

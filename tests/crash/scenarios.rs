@@ -124,8 +124,9 @@ pub fn proxy_chaos(rng: &mut Rng) -> Verdict {
         }
         match rng.below(3) {
             0 => proxy.cut(),
-            // The relay alone learns of a dead route, through its keep-alive (2 s here); the cut
-            // comes only once it has (or after WAIT, and then it was not experienced).
+            // The relay alone learns of a dead route, through its keep-alive (5 s here, the least
+            // rumqttc allows under MQTT 5); the cut comes only once it has (or after WAIT, and
+            // then it was not experienced).
             1 if half_opens < 3 => {
                 half_opens += 1;
                 proxy.half_open();

@@ -12,6 +12,12 @@
 //! dies with the test process however that ends. Differences a test must allow for:
 //! rumqttd keeps sessions in memory only ([`Broker::keeps_sessions`]), and its TLS listener is
 //! mutual TLS only.
+//!
+//! Both take MQTT 3.1.1 and MQTT 5 clients on `addr()`. rumqttd serves the two versions on
+//! separate listeners, so its `addr()` is a [`ProtocolMux`] in this process that forwards each
+//! connection by its CONNECT's protocol level; the mux outlives kills and restarts. TLS cannot be
+//! routed that way: [`Broker::tls_addr_v311`] and [`Broker::tls_addr_v5`] name the listener for
+//! each version (one and the same with mosquitto).
 use std::fmt;
 use std::fs;
 use std::io::{self, Write as _};
@@ -22,6 +28,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::child::ChildGuard;
+use super::mux::ProtocolMux;
 
 /// The variable that picks the broker: `mosquitto`, `rumqttd`, or unset (mosquitto if installed).
 pub const BROKER_ENV: &str = "EDGE_OUTBOX_BROKER";
@@ -104,14 +111,15 @@ pub struct BrokerBuilder {
     max_packet_size: Option<usize>,
     extra_config: Vec<String>,
     stock: bool,
-    credentials: Option<(String, String)>,
+    users: Vec<(String, String)>,
 }
 
 impl BrokerBuilder {
-    /// Require this username and password from every client (mosquitto: a password file made
-    /// with `mosquitto_passwd` and `allow_anonymous false`; rumqttd: its static login table).
-    pub fn credentials(mut self, user: &str, password: &str) -> Self {
-        self.credentials = Some((user.to_owned(), password.to_owned()));
+    /// Require a login from every client, and accept this username and password (call again for
+    /// more users). mosquitto: a password file made with `mosquitto_passwd` and
+    /// `allow_anonymous false`; rumqttd: its static login table.
+    pub fn user(mut self, user: &str, password: &str) -> Self {
+        self.users.push((user.to_owned(), password.to_owned()));
         self
     }
 
@@ -185,10 +193,29 @@ impl BrokerBuilder {
 /// A running broker process; see the module docs. Killed on drop.
 pub struct Broker {
     kind: BrokerKind,
-    port: u16,
-    tls_port: Option<u16>,
+    ports: Ports,
+    /// rumqttd: one address for both protocol versions, in front of its two plain listeners.
+    mux: Option<ProtocolMux>,
     persistence: bool,
     process: BrokerProcess,
+}
+
+/// The broker process's listeners. mosquitto serves both protocol versions on each; rumqttd needs
+/// one listener per version (`*_v5`).
+#[derive(Debug, Clone, Copy)]
+struct Ports {
+    plain: u16,
+    plain_v5: Option<u16>,
+    tls: Option<u16>,
+    tls_v5: Option<u16>,
+}
+
+impl Ports {
+    fn all(&self) -> impl Iterator<Item = u16> {
+        [Some(self.plain), self.plain_v5, self.tls, self.tls_v5]
+            .into_iter()
+            .flatten()
+    }
 }
 
 /// The broker's process and what it takes to start it again.
@@ -222,17 +249,25 @@ impl Broker {
     }
 
     pub fn port(&self) -> u16 {
-        self.port
+        self.addr().port()
     }
 
-    /// The plain MQTT listener.
+    /// The plain MQTT listener, for clients of either protocol version.
     pub fn addr(&self) -> SocketAddr {
-        loopback(self.port)
+        self.mux
+            .as_ref()
+            .map_or(loopback(self.ports.plain), ProtocolMux::addr)
     }
 
-    /// The TLS listener, when the builder asked for one.
-    pub fn tls_addr(&self) -> Option<SocketAddr> {
-        self.tls_port.map(loopback)
+    /// The TLS listener for MQTT 3.1.1 clients (the test harness's own clients), when the builder
+    /// asked for one.
+    pub fn tls_addr_v311(&self) -> Option<SocketAddr> {
+        self.ports.tls.map(loopback)
+    }
+
+    /// The TLS listener for MQTT 5 clients (the relay's default), when the builder asked for one.
+    pub fn tls_addr_v5(&self) -> Option<SocketAddr> {
+        self.ports.tls_v5.or(self.ports.tls).map(loopback)
     }
 
     /// Whether sessions and the messages queued for them survive `kill`/`stop` + `restart`
@@ -313,7 +348,7 @@ impl Broker {
     /// running; returns once it accepts connections. See [`Broker::keeps_sessions`].
     pub fn restart(&mut self) -> io::Result<()> {
         self.stop()?;
-        let (port, tls_port) = (self.port, self.tls_port);
+        let ports = self.ports;
         // The port is ours, but the old socket may linger for a moment, or another process may
         // have taken it: retry a few times, then report the log.
         let mut last = None;
@@ -321,7 +356,7 @@ impl Broker {
             if attempt > 0 {
                 thread::sleep(Duration::from_millis(200));
             }
-            match self.process.spawn_and_wait(port, tls_port) {
+            match self.process.spawn_and_wait(&ports) {
                 Ok(()) => return Ok(()),
                 Err(e) => last = Some(e),
             }
@@ -331,7 +366,7 @@ impl Broker {
 
     fn describe(&self) -> String {
         let mut s = format!("broker {} on {}", self.kind, self.addr());
-        if let Some(t) = self.tls_addr() {
+        if let Some(t) = self.tls_addr_v311() {
             s.push_str(&format!(", TLS on {t}"));
         }
         if let Some(pid) = self.pid() {
@@ -378,29 +413,29 @@ impl Broker {
         };
         let mut last = None;
         for _ in 0..BIND_ATTEMPTS {
-            // Hold both probes at once so the two ports differ; close them before the broker binds.
-            let probe = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-            let tls_probe = match process.builder.tls {
-                Some(_) => Some(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?),
-                None => None,
+            let tls = process.builder.tls.is_some();
+            let two = kind == BrokerKind::Rumqttd;
+            let ports = pick_ports([true, two, tls, tls && two])?;
+            let ports = Ports {
+                plain: ports[0].unwrap_or_default(),
+                plain_v5: ports[1],
+                tls: ports[2],
+                tls_v5: ports[3],
             };
-            let port = probe.local_addr()?.port();
-            let tls_port = tls_probe
-                .as_ref()
-                .map(|p| p.local_addr())
-                .transpose()?
-                .map(|a| a.port());
-            drop((probe, tls_probe));
             match kind {
-                BrokerKind::Mosquitto => process.write_mosquitto_config(port, tls_port)?,
+                BrokerKind::Mosquitto => process.write_mosquitto_config(&ports)?,
                 BrokerKind::Rumqttd => process.write_rumqttd_passwords()?,
             }
-            match process.spawn_and_wait(port, tls_port) {
+            match process.spawn_and_wait(&ports) {
                 Ok(()) => {
+                    let mux = match ports.plain_v5 {
+                        Some(v5) => Some(ProtocolMux::start(loopback(ports.plain), loopback(v5))?),
+                        None => None,
+                    };
                     return Ok(Broker {
                         kind,
-                        port,
-                        tls_port,
+                        ports,
+                        mux,
                         persistence,
                         process,
                     });
@@ -435,7 +470,8 @@ impl Drop for Broker {
 }
 
 impl BrokerProcess {
-    fn write_mosquitto_config(&self, port: u16, tls_port: Option<u16>) -> io::Result<()> {
+    fn write_mosquitto_config(&self, ports: &Ports) -> io::Result<()> {
+        let (port, tls_port) = (ports.plain, ports.tls);
         let b = &self.builder;
         let config = self.dir.path().join("mosquitto.conf");
         let mut c = String::new();
@@ -452,23 +488,25 @@ impl BrokerProcess {
         }
         c.push_str("log_type error\nlog_type warning\nlog_type notice\nlog_type information\n");
         c.push_str("connection_messages true\nlog_timestamp true\n");
-        match &b.credentials {
-            Some((user, password)) => {
-                let file = self.dir.path().join("passwords");
-                let made = Command::new("mosquitto_passwd")
-                    .args(["-b", "-c"])
-                    .arg(&file)
-                    .args([user, password])
-                    .status()?;
+        if b.users.is_empty() {
+            c.push_str("allow_anonymous true\n");
+        } else {
+            let file = self.dir.path().join("passwords");
+            for (i, (user, password)) in b.users.iter().enumerate() {
+                let mut cmd = Command::new("mosquitto_passwd");
+                cmd.arg("-b");
+                if i == 0 {
+                    cmd.arg("-c");
+                }
+                let made = cmd.arg(&file).args([user, password]).status()?;
                 if !made.success() {
                     return Err(io::Error::other(format!("mosquitto_passwd failed: {made}")));
                 }
-                c.push_str(&format!(
-                    "allow_anonymous false\npassword_file {}\n",
-                    file.display()
-                ));
             }
-            None => c.push_str("allow_anonymous true\n"),
+            c.push_str(&format!(
+                "allow_anonymous false\npassword_file {}\n",
+                file.display()
+            ));
         }
         // A checker must see everything the broker accepted: by default mosquitto drops QoS 1
         // messages for a subscriber that has more than 1000 queued, which would read as a loss.
@@ -500,16 +538,19 @@ impl BrokerProcess {
     }
 
     fn write_rumqttd_passwords(&self) -> io::Result<()> {
-        match &self.builder.credentials {
-            Some((user, password)) => write_synced(
-                &self.dir.path().join("passwords"),
-                &format!("{user}:{password}\n"),
-            ),
-            None => Ok(()),
+        if self.builder.users.is_empty() {
+            return Ok(());
         }
+        let lines: String = self
+            .builder
+            .users
+            .iter()
+            .map(|(user, password)| format!("{user}:{password}\n"))
+            .collect();
+        write_synced(&self.dir.path().join("passwords"), &lines)
     }
 
-    fn command(&self, port: u16, tls_port: Option<u16>) -> Command {
+    fn command(&self, ports: &Ports) -> Command {
         let mut cmd = Command::new(&self.exe);
         match self.kind {
             BrokerKind::Mosquitto => {
@@ -520,17 +561,23 @@ impl BrokerProcess {
                 let b = &self.builder;
                 cmd.arg("broker")
                     .arg("--listen")
-                    .arg(loopback(port).to_string())
+                    .arg(loopback(ports.plain).to_string())
                     .arg("--max-packet")
                     .arg(
                         b.max_packet_size
                             .unwrap_or(RUMQTTD_DEFAULT_MAX_PACKET)
                             .to_string(),
                     );
-                if b.credentials.is_some() {
+                if !b.users.is_empty() {
                     cmd.arg("--passwords").arg(self.dir.path().join("passwords"));
                 }
-                if let (Some(tls), Some(tls_port)) = (&b.tls, tls_port) {
+                if let Some(v5) = ports.plain_v5 {
+                    cmd.arg("--listen-v5").arg(loopback(v5).to_string());
+                }
+                if let Some(v5) = ports.tls_v5 {
+                    cmd.arg("--tls-listen-v5").arg(loopback(v5).to_string());
+                }
+                if let (Some(tls), Some(tls_port)) = (&b.tls, ports.tls) {
                     cmd.arg("--tls-listen")
                         .arg(loopback(tls_port).to_string())
                         .arg("--tls-cert")
@@ -547,7 +594,8 @@ impl BrokerProcess {
         cmd
     }
 
-    fn spawn_and_wait(&mut self, port: u16, tls_port: Option<u16>) -> io::Result<()> {
+    fn spawn_and_wait(&mut self, ports: &Ports) -> io::Result<()> {
+        let port = ports.plain;
         // mosquitto writes errors before its log file is open (bad config) here; rumqttd, all.
         let stderr_path = self.dir.path().join("stderr.log");
         let stderr = fs::OpenOptions::new()
@@ -555,20 +603,22 @@ impl BrokerProcess {
             .append(true)
             .open(&stderr_path)?;
         let child = self
-            .command(port, tls_port)
+            .command(ports)
             .stdout(stderr.try_clone()?)
             .stderr(stderr)
             .spawn()
             .map_err(|e| io::Error::new(e.kind(), format!("spawning {}: {e}", self.exe.display())))?;
         let mut child = ChildGuard::new(child);
         let kind = self.kind;
-        let mut ready = wait_accepting(loopback(port), || match child.try_wait() {
-            Ok(Some(status)) => Some(format!("{kind} exited: {status}")),
-            Ok(None) => None,
-            Err(e) => Some(format!("{kind}: {e}")),
-        });
-        if let (Ok(()), Some(tls_port)) = (&ready, tls_port) {
-            ready = wait_accepting(loopback(tls_port), || None);
+        let mut ready = Ok(());
+        for p in ports.all() {
+            ready = ready.and_then(|()| {
+                wait_accepting(loopback(p), || match child.try_wait() {
+                    Ok(Some(status)) => Some(format!("{kind} exited: {status}")),
+                    Ok(None) => None,
+                    Err(e) => Some(format!("{kind}: {e}")),
+                })
+            });
         }
         match ready {
             Ok(()) => {
@@ -586,6 +636,21 @@ impl BrokerProcess {
             }
         }
     }
+}
+
+/// Free loopback ports, one per `true`, all different: the probes are held together, then
+/// closed for the broker to bind (another process may take one meanwhile: the caller retries).
+fn pick_ports<const N: usize>(wanted: [bool; N]) -> io::Result<[Option<u16>; N]> {
+    let mut probes = Vec::new();
+    let mut ports = [None; N];
+    for (i, want) in wanted.into_iter().enumerate() {
+        if want {
+            let probe = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+            ports[i] = Some(probe.local_addr()?.port());
+            probes.push(probe);
+        }
+    }
+    Ok(ports)
 }
 
 fn loopback(port: u16) -> SocketAddr {

@@ -11,7 +11,7 @@ pub fn relay_config(addr: SocketAddr, client_id: &str) -> RelayConfig {
     RelayConfig::new(
         MqttConfig::new(addr.ip().to_string(), addr.port())
             .client_id(client_id)
-            .keep_alive(Duration::from_secs(2))
+            .keep_alive(Duration::from_secs(5))
             .connect_timeout(Duration::from_secs(2)),
     )
     .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(250))

@@ -4,6 +4,9 @@
 //!   when it is installed or asked for, rumqttd otherwise; `EDGE_OUTBOX_BROKER` chooses).
 //! - [`child`]: child processes killed when their test ends, fails or panics.
 //! - [`proxy`]: a TCP proxy that cuts, stalls, refuses and half-opens connections on command.
+//! - [`mqtt_proxy`]: an MQTT-aware proxy that holds back or drops PUBACKs, chokes on chosen
+//!   messages and drops connections after an event (a broker that misbehaves).
+//! - [`mux`]: one address for MQTT 3.1.1 and 5 clients in front of rumqttd.
 //! - [`python`]: an interpreter with `cbor2` for the interoperability tests, provisioned once.
 //! - [`subscriber`]: an independent rumqttc client that collects what arrives, and one-shot publishing.
 //! - [`tls`]: a CA, server and client certificates generated at run time (rcgen).
@@ -15,6 +18,8 @@ pub mod broker;
 pub mod check;
 pub mod child;
 pub mod device;
+pub mod mqtt_proxy;
+pub mod mux;
 pub mod powercut;
 pub mod proxy;
 pub mod python;
@@ -23,6 +28,7 @@ pub mod tls;
 
 pub use broker::{Broker, BrokerKind, TlsListener};
 pub use child::ChildGuard;
+pub use mqtt_proxy::{MqttProxy, Repeat, Trigger};
 pub use proxy::Proxy;
 pub use subscriber::{Message, Subscriber, publish_raw, publish_raw_many};
 pub use tls::Pki;

@@ -148,7 +148,10 @@ pub fn file_size(path: &Path) -> u64 {
 
 /// `<db><suffix>`: the WAL (`-wal`), the relay lock (`.relay-lock`), the relay status file.
 pub fn sibling(db: &Path, suffix: &str) -> PathBuf {
-    let mut name = db.as_os_str().to_owned();
+    // Of the canonical path, as the relay's lock is: two spellings of one database (a symlink,
+    // `./x.db` and `x.db`) name the same lock and status file.
+    let db = std::fs::canonicalize(db).unwrap_or_else(|_| db.to_path_buf());
+    let mut name = db.into_os_string();
     name.push(suffix);
     PathBuf::from(name)
 }

@@ -88,7 +88,7 @@ impl From<edge_outbox::Error> for CliError {
         let code = match &e {
             E::RelayAlreadyRunning { .. } => Code::RelayRunning,
             E::NotFound(_) => Code::NotFound,
-            E::InvalidConfig(_) | E::InvalidTopic(_) => Code::Usage,
+            E::InvalidConfig(_) | E::InvalidTopic { .. } => Code::Usage,
             E::NotADatabase { .. }
             | E::SchemaTooNew { .. }
             | E::Busy

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use crossbeam_channel::RecvTimeoutError;
-use edge_outbox::{MqttConfig, Relay, RelayConfig, Status, TlsConfig};
+use edge_outbox::{MqttConfig, Protocol, Relay, RelayConfig, Status, TlsConfig};
 use serde_json::json;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -38,13 +38,27 @@ While it runs, the relay rewrites <db>.relay-status.json every second; `edge-out
 shows it. A second SIGINT or SIGTERM while stopping exits at once (code 1); messages not yet \
 acknowledged stay pending and are published again on the next start.
 
+MQTT 5 is the default: a broker can then refuse a message (ACL, size, quota) and the relay moves \
+it to the dead letters with the reason code (`edge-outbox dead-letters list`). Under \
+--mqtt-version 3.1.1 a broker cannot refuse: a message its ACL denies or that is above its size \
+limit is acknowledged and lost (docs/reliability.md says which broker settings prevent it). A \
+message the broker keeps dropping the connection over is set aside as poison after \
+--poison-disconnects tries, so the rest of the outbox flows.
+
+Credentials: --username with --password-file, or user:password@ in the URL (visible to other \
+local users in the process list: prefer the file). The password is never printed.
+
 Exit codes: 0 stopped on a signal, 1 runtime error (also: a relay thread stopped), 2 usage \
 error (bad URL, TLS or password file), 3 database error, 4 another relay runs on this database.")]
 pub struct RelayArgs {
-    /// mqtt://HOST[:PORT] (plain TCP, default port 1883) or mqtts://HOST[:PORT] (TLS, default
-    /// port 8883, the system's CAs unless --ca).
+    /// mqtt://[USER[:PASSWORD]@]HOST[:PORT] (plain TCP, default port 1883) or mqtts://... (TLS,
+    /// default port 8883, the system's CAs unless --ca).
     #[arg(long, value_name = "URL")]
     pub broker: String,
+    /// MQTT protocol version: 5, or 3.1.1 for brokers that do not speak 5 (a broker then cannot
+    /// refuse a message: see docs/reliability.md).
+    #[arg(long, value_name = "VERSION", default_value = "5", value_parser = ["5", "3.1.1"])]
+    pub mqtt_version: String,
     /// MQTT client id of the publishing session: one per device.
     #[arg(long, value_name = "ID")]
     pub client_id: String,
@@ -80,12 +94,25 @@ pub struct RelayArgs {
     /// Seconds to wait for in-flight acknowledgements when stopping.
     #[arg(long, value_name = "SECS", default_value_t = 5)]
     pub shutdown_timeout: u64,
+    /// Seconds the oldest message in flight may wait for its PUBACK before the connection is
+    /// renewed (and the wait counts against that message).
+    #[arg(long, value_name = "SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub ack_timeout: u64,
+    /// Set a message aside to the dead letters once this many connections in a row ended over
+    /// it (0: never).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub poison_disconnects: u32,
+    /// Use MQTT 5 topic aliases: fewer bytes per message when topics repeat (see
+    /// MqttConfig::topic_aliases for the brokers that mishandle them).
+    #[arg(long)]
+    pub topic_aliases: bool,
 }
 
 pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
+    logging::init(LevelFilter::INFO);
     // Every argument is checked before anything is opened or created.
     let config = config(args)?;
-    logging::init(LevelFilter::INFO);
     let path = db::path_creating_dir(global)?;
     let existed = path.exists();
     let outbox = db::open_outbox(global, &path)?;
@@ -135,6 +162,21 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
 /// Broker settings from the arguments; every problem is a usage error (exit 2).
 fn config(args: &RelayArgs) -> Result<RelayConfig> {
     let mut mqtt = MqttConfig::from_url(&args.broker)?;
+    if mqtt.username().is_some() {
+        if args.username.is_some() {
+            return Err(CliError::usage(
+                "credentials twice: give them in the --broker URL or with --username, not both",
+            ));
+        }
+        if has_password(&args.broker) {
+            tracing::warn!(
+                target: "edge_outbox::cli",
+                "the password in --broker is visible to other local users (process list): prefer --username with --password-file"
+            );
+        }
+    }
+    let protocol: Protocol = args.mqtt_version.parse()?;
+    mqtt = mqtt.protocol(protocol).topic_aliases(args.topic_aliases);
     if args.client_id.is_empty() {
         return Err(CliError::usage("--client-id must not be empty"));
     }
@@ -168,7 +210,9 @@ fn config(args: &RelayArgs) -> Result<RelayConfig> {
     }
     let mut config = RelayConfig::new(mqtt)
         .max_in_flight(args.max_in_flight.into())
-        .shutdown_timeout(Duration::from_secs(args.shutdown_timeout));
+        .shutdown_timeout(Duration::from_secs(args.shutdown_timeout))
+        .ack_timeout(Duration::from_secs(args.ack_timeout))
+        .poison_disconnects(args.poison_disconnects);
     if let Some(filter) = &args.commands {
         config = config.commands(filter);
     }
@@ -176,6 +220,13 @@ fn config(args: &RelayArgs) -> Result<RelayConfig> {
         config = config.commands_client_id(id);
     }
     Ok(config)
+}
+
+/// Whether the URL's user info has a password (`user:password@`).
+fn has_password(url: &str) -> bool {
+    url.split_once("://")
+        .and_then(|(_, rest)| rest.rsplit_once('@'))
+        .is_some_and(|(userinfo, _)| userinfo.contains(':'))
 }
 
 fn usage(e: edge_outbox::Error) -> CliError {
@@ -194,6 +245,7 @@ struct Report {
     pid: u32,
     started_at_ms: i64,
     broker: String,
+    protocol: String,
     client_id: String,
     commands: Option<String>,
 }
@@ -205,6 +257,7 @@ impl Report {
             pid: std::process::id(),
             started_at_ms: now_ms(),
             broker: format!("{}:{}", mqtt.host(), mqtt.port()),
+            protocol: mqtt.version().as_str().to_owned(),
             client_id: mqtt.id().to_owned(),
             commands,
         }
@@ -217,6 +270,7 @@ impl Report {
             written_at_ms: now_ms(),
             started_at_ms: self.started_at_ms,
             broker: self.broker.clone(),
+            protocol: self.protocol.clone(),
             client_id: self.client_id.clone(),
             commands: self.commands.clone(),
             connected: s.connected,
@@ -225,6 +279,9 @@ impl Report {
             published: s.published,
             acknowledged: s.acknowledged,
             dead_lettered: s.dead_lettered,
+            refused: s.refused,
+            isolated: s.isolated,
+            broker_max_packet_size: s.broker_max_packet_size,
             connections: s.connections,
             commands_received: s.commands_received,
             commands_duplicate: s.commands_duplicate,

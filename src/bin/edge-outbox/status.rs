@@ -164,19 +164,27 @@ fn relay_lines(relay: &Relay) -> Vec<String> {
         };
         return vec![head, note.to_owned()];
     };
-    let connection = if r.connected {
-        format!("connected to {} as {}", r.broker, r.client_id)
+    let protocol = if r.protocol.is_empty() {
+        String::new()
     } else {
-        format!("not connected to {} (client {})", r.broker, r.client_id)
+        format!(" over MQTT {}", r.protocol)
+    };
+    let connection = if r.connected {
+        format!("connected to {}{protocol} as {}", r.broker, r.client_id)
+    } else {
+        format!("not connected to {}{protocol} (client {})", r.broker, r.client_id)
     };
     let mut lines = vec![
         format!("{head}, {connection}"),
         format!(
-            "              since start: {} in flight, {} published, {} acknowledged, {} dead-lettered, {}",
+            "              since start: {} in flight, {} published, {} acknowledged, {} dead-lettered \
+             ({} refused by the broker, {} set aside as poison), {}",
             r.in_flight,
             r.published,
             r.acknowledged,
             r.dead_lettered,
+            r.refused,
+            r.isolated,
             count(r.connections, "connection")
         ),
     ];

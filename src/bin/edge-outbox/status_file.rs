@@ -28,6 +28,9 @@ pub struct RelayReport {
     pub written_at_ms: i64,
     pub started_at_ms: i64,
     pub broker: String,
+    /// `5` or `3.1.1`.
+    #[serde(default)]
+    pub protocol: String,
     pub client_id: String,
     pub commands: Option<String>,
     pub connected: bool,
@@ -36,6 +39,15 @@ pub struct RelayReport {
     pub published: u64,
     pub acknowledged: u64,
     pub dead_lettered: u64,
+    /// Of those, refused by the broker (MQTT 5 reason codes).
+    #[serde(default)]
+    pub refused: u64,
+    /// Of those, set aside as poison.
+    #[serde(default)]
+    pub isolated: u64,
+    /// The broker's maximum packet size from its CONNACK, if it sent one.
+    #[serde(default)]
+    pub broker_max_packet_size: Option<u32>,
     pub connections: u64,
     pub commands_received: u64,
     pub commands_duplicate: u64,

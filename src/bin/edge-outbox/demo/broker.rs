@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::rumqttd_config::{TlsListener, rumqttd_config};
+use super::rumqttd_config::{Listeners, TlsListeners, rumqttd_config};
 use crate::Result;
 use crate::exit::CliError;
 
@@ -21,12 +21,19 @@ pub struct BrokerArgs {
     /// The plain MQTT 3.1.1 listener (loopback addresses only).
     #[arg(long, value_name = "ADDR")]
     listen: SocketAddr,
+    /// A plain MQTT 5 listener as well (rumqttd serves the versions on separate listeners).
+    #[arg(long, value_name = "ADDR")]
+    listen_v5: Option<SocketAddr>,
     /// Largest packet accepted (remaining length), in bytes.
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     max_packet: usize,
-    /// A mutual-TLS listener as well: clients must present a certificate signed by --tls-ca.
+    /// A mutual-TLS MQTT 3.1.1 listener as well: clients must present a certificate signed by
+    /// --tls-ca.
     #[arg(long, value_name = "ADDR", requires_all = ["tls_cert", "tls_key", "tls_ca"])]
     tls_listen: Option<SocketAddr>,
+    /// A mutual-TLS MQTT 5 listener (with --tls-listen).
+    #[arg(long, value_name = "ADDR", requires = "tls_listen")]
+    tls_listen_v5: Option<SocketAddr>,
     /// The server certificate chain (PEM).
     #[arg(long, value_name = "PATH")]
     tls_cert: Option<PathBuf>,
@@ -42,7 +49,8 @@ pub struct BrokerArgs {
 }
 
 pub fn run(args: &BrokerArgs) -> Result<()> {
-    for addr in std::iter::once(args.listen).chain(args.tls_listen) {
+    let all = [args.listen_v5, args.tls_listen, args.tls_listen_v5];
+    for addr in std::iter::once(args.listen).chain(all.into_iter().flatten()) {
         if !addr.ip().is_loopback() {
             return Err(CliError::usage(format!(
                 "{addr}: the test broker listens on loopback addresses only"
@@ -50,8 +58,11 @@ pub fn run(args: &BrokerArgs) -> Result<()> {
         }
     }
     let tls = match (args.tls_listen, &args.tls_cert, &args.tls_key, &args.tls_ca) {
-        (Some(listen), Some(cert), Some(key), Some(ca)) => Some(TlsListener {
-            listen,
+        (Some(v311), Some(cert), Some(key), Some(ca)) => Some(TlsListeners {
+            listen: Listeners {
+                v311,
+                v5: args.tls_listen_v5,
+            },
             cert,
             key,
             ca,
@@ -59,7 +70,11 @@ pub fn run(args: &BrokerArgs) -> Result<()> {
         _ => None,
     };
     let passwords = args.passwords.as_deref().map(read_passwords).transpose()?;
-    let config = rumqttd_config(args.listen, args.max_packet, tls.as_ref(), passwords);
+    let plain = Listeners {
+        v311: args.listen,
+        v5: args.listen_v5,
+    };
+    let config = rumqttd_config(plain, args.max_packet, tls.as_ref(), passwords);
     let broker = std::thread::Builder::new()
         .name("rumqttd".into())
         .spawn(move || rumqttd::Broker::new(config).start().map_err(|e| e.to_string()))

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
-use edge_outbox::{Envelope, MessageId, MqttConfig, Outbox, Received, Relay, RelayConfig};
+use edge_outbox::{Envelope, MessageId, MqttConfig, Outbox, Protocol, Received, Relay, RelayConfig};
 use rumqttc::{Client, Event, MqttOptions, Packet, QoS};
 
 use crate::Result;
@@ -112,8 +112,12 @@ fn publish_then_crash(args: &ChildArgs) -> Result<()> {
 
 fn relay_config(args: &ChildArgs) -> Result<RelayConfig> {
     let (host, port) = split(&args.broker)?;
+    // The demo's in-process rumqttd listens for MQTT 3.1.1 only (its MQTT 5 listener is a
+    // separate port), and the demo is about deduplication, not broker refusals.
     Ok(RelayConfig::new(
-        MqttConfig::new(host, port).client_id("demo-device"),
+        MqttConfig::new(host, port)
+            .client_id("demo-device")
+            .protocol(Protocol::V311),
     ))
 }
 

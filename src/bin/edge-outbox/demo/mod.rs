@@ -152,7 +152,8 @@ fn start_broker() -> Result<SocketAddr> {
             .map_err(|e| CliError::runtime(format!("finding a free port: {e}")))?
             .port();
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        let config = rumqttd_config::rumqttd_config(addr, 1 << 20, None, None);
+        let listen = rumqttd_config::Listeners { v311: addr, v5: None };
+        let config = rumqttd_config::rumqttd_config(listen, 1 << 20, None, None);
         let thread = std::thread::Builder::new()
             .name("demo-broker".into())
             .spawn(move || rumqttd::Broker::new(config).start().is_ok())

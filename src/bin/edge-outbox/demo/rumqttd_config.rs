@@ -1,40 +1,56 @@
 //! rumqttd 0.20 configuration for a broker on loopback ports, built in code: its sample
 //! configuration binds 0.0.0.0 and opens a console port. Shared by the demo's in-process broker
-//! and `edge-outbox broker` (the test suite's broker where mosquitto is absent).
+//! and `edge-outbox broker` (the test suite's broker where mosquitto is absent). rumqttd serves
+//! MQTT 3.1.1 and MQTT 5 on separate listeners.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 
-/// A TLS listener: the server's certificate and key, and the CA that must have signed every
+/// Where to listen: MQTT 3.1.1, and MQTT 5 if given.
+#[derive(Debug, Clone, Copy)]
+pub struct Listeners {
+    pub v311: SocketAddr,
+    pub v5: Option<SocketAddr>,
+}
+
+/// TLS listeners: the server's certificate and key, and the CA that must have signed every
 /// client's certificate (rumqttd is built with `verify-client-cert`: mutual TLS only).
-pub struct TlsListener<'a> {
-    pub listen: SocketAddr,
+pub struct TlsListeners<'a> {
+    pub listen: Listeners,
     pub cert: &'a Path,
     pub key: &'a Path,
     pub ca: &'a Path,
 }
 
-/// A plain MQTT 3.1.1 listener on `listen`, and a TLS one if asked; `passwords` (user to
-/// password) makes both require a login.
+/// Plain listeners, TLS ones if asked; `passwords` (user to password) makes them all require a
+/// login.
 pub fn rumqttd_config(
-    listen: SocketAddr,
+    plain: Listeners,
     max_packet: usize,
-    tls: Option<&TlsListener<'_>>,
+    tls: Option<&TlsListeners<'_>>,
     passwords: Option<HashMap<String, String>>,
 ) -> rumqttd::Config {
-    let plain = server("plain", listen, max_packet, None, passwords.clone());
-    let mut v4 = HashMap::from([("1".to_owned(), plain)]);
+    let mut v4 = HashMap::new();
+    let mut v5 = HashMap::new();
+    let mut add = |name: &str, listen: Listeners, tls: Option<rumqttd::TlsConfig>| {
+        let server = |version: &str, addr: SocketAddr| {
+            let name = format!("{name}-{version}");
+            server(&name, addr, max_packet, tls.clone(), passwords.clone())
+        };
+        v4.insert(format!("{name}-v4"), server("v4", listen.v311));
+        if let Some(addr) = listen.v5 {
+            v5.insert(format!("{name}-v5"), server("v5", addr));
+        }
+    };
+    add("plain", plain, None);
     if let Some(t) = tls {
-        let tls = rumqttd::TlsConfig::Rustls {
+        let config = rumqttd::TlsConfig::Rustls {
             capath: Some(t.ca.display().to_string()),
             certpath: t.cert.display().to_string(),
             keypath: t.key.display().to_string(),
         };
-        v4.insert(
-            "2".to_owned(),
-            server("tls", t.listen, max_packet, Some(tls), passwords),
-        );
+        add("tls", t.listen, Some(config));
     }
     rumqttd::Config {
         id: 0,
@@ -50,7 +66,7 @@ pub fn rumqttd_config(
             shared_subscriptions_strategy: Default::default(),
         },
         v4: Some(v4),
-        v5: None,
+        v5: (!v5.is_empty()).then_some(v5),
         ws: None,
         cluster: None,
         console: None,
@@ -61,7 +77,7 @@ pub fn rumqttd_config(
 }
 
 fn server(
-    kind: &str,
+    name: &str,
     listen: SocketAddr,
     max_packet: usize,
     tls: Option<rumqttd::TlsConfig>,
@@ -79,7 +95,7 @@ fn server(
         dynamic_filters: true,
     };
     rumqttd::ServerSettings {
-        name: format!("rumqttd-v4-{kind}-{}", listen.port()),
+        name: format!("rumqttd-{name}-{}", listen.port()),
         listen,
         tls,
         next_connection_delay_ms: 1,

@@ -3,6 +3,7 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
+use super::event::Granted;
 use crate::store::Stats;
 
 /// A snapshot of a running relay and its store. See [`Relay::status`](crate::Relay::status).
@@ -25,8 +26,21 @@ pub struct Status {
     pub resent: u64,
     /// PUBACKs received for outbox rows since start.
     pub acknowledged: u64,
-    /// Outbox rows moved to the dead letters since start.
+    /// Outbox rows moved to the dead letters since start (any reason: unpublishable as stored,
+    /// refused by the broker, or isolated as poison).
     pub dead_lettered: u64,
+    /// Of those, rows the broker refused with a PUBACK reason code (MQTT 5).
+    pub refused: u64,
+    /// Of those, rows set aside as poison: the oldest unacknowledged message across consecutive
+    /// disconnects or ack timeouts.
+    pub isolated: u64,
+    /// The broker's maximum packet size from its last CONNACK (MQTT 5), if it sent one. Messages
+    /// needing a larger packet are dead-lettered; an application can size
+    /// [`Limits::max_payload_bytes`](crate::Limits::max_payload_bytes) from it.
+    pub broker_max_packet_size: Option<u32>,
+    /// The broker's receive maximum from its last CONNACK (MQTT 5), if it sent one: the in-flight
+    /// window is at most this.
+    pub broker_receive_maximum: Option<u16>,
     /// Successful connections of the publishing session since start.
     pub connections: u64,
     /// Connections of the publishing session lost since start (failed attempts not counted).
@@ -50,27 +64,34 @@ pub(crate) struct StatusCell {
     resent: AtomicU64,
     acknowledged: AtomicU64,
     dead_lettered: AtomicU64,
+    refused: AtomicU64,
+    isolated: AtomicU64,
     connections: AtomicU64,
     disconnects: AtomicU64,
     commands_received: AtomicU64,
     commands_duplicate: AtomicU64,
     commands_applied: AtomicU64,
     last_error: Mutex<Option<String>>,
+    granted: Mutex<Granted>,
 }
 
 impl StatusCell {
-    pub(crate) fn on_connected(&self) {
+    pub(crate) fn on_connected(&self, granted: &Granted) {
         self.connected.store(true, Relaxed);
         self.in_flight.store(0, Relaxed);
         self.connections.fetch_add(1, Relaxed);
+        *self
+            .granted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = granted.clone();
     }
 
-    pub(crate) fn on_connection_lost(&self) {
-        self.disconnects.fetch_add(1, Relaxed);
-    }
-
+    /// The publishing session's connection ended, or an attempt failed: only the end of a
+    /// connection that was up counts as a disconnect.
     pub(crate) fn on_disconnected(&self, error: String) {
-        self.connected.store(false, Relaxed);
+        if self.connected.swap(false, Relaxed) {
+            self.disconnects.fetch_add(1, Relaxed);
+        }
         self.in_flight.store(0, Relaxed);
         self.set_error(error);
     }
@@ -96,8 +117,21 @@ impl StatusCell {
         self.in_flight.store(in_flight as u64, Relaxed);
     }
 
+    /// A PUBACK that did not acknowledge (a refusal, a quota): one fewer in flight.
+    pub(crate) fn on_answered(&self, in_flight: usize) {
+        self.in_flight.store(in_flight as u64, Relaxed);
+    }
+
     pub(crate) fn on_dead_lettered(&self, n: usize) {
         self.dead_lettered.fetch_add(n as u64, Relaxed);
+    }
+
+    pub(crate) fn on_refused(&self, n: usize) {
+        self.refused.fetch_add(n as u64, Relaxed);
+    }
+
+    pub(crate) fn on_isolated(&self) {
+        self.isolated.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn on_command(&self, duplicate: bool) {
@@ -121,6 +155,11 @@ impl StatusCell {
     }
 
     pub(crate) fn snapshot(&self, store: Stats) -> Status {
+        let granted = self
+            .granted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         Status {
             connected: self.connected.load(Relaxed),
             commands_connected: self.commands_connected.load(Relaxed),
@@ -134,6 +173,10 @@ impl StatusCell {
             resent: self.resent.load(Relaxed),
             acknowledged: self.acknowledged.load(Relaxed),
             dead_lettered: self.dead_lettered.load(Relaxed),
+            refused: self.refused.load(Relaxed),
+            isolated: self.isolated.load(Relaxed),
+            broker_max_packet_size: granted.max_packet_size,
+            broker_receive_maximum: granted.receive_max,
             connections: self.connections.load(Relaxed),
             disconnects: self.disconnects.load(Relaxed),
             commands_received: self.commands_received.load(Relaxed),

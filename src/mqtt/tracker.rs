@@ -4,10 +4,14 @@
 //! so the n-th `Outgoing::Publish(pkid)` event belongs to the n-th row submitted, with two
 //! exceptions this type absorbs: a packet-id collision first reports `Outgoing::AwaitAck(pkid)` and
 //! sends the row later, after the PUBACK that frees the id, with an `Outgoing::Publish(pkid)`; and
-//! a replayed publish reports an id that is already mapped. QoS 0 publishes (the status message)
-//! report id 0 and are not rows.
+//! a replayed publish reports an id that is already mapped (not expected with a fresh client per
+//! connection, but harmless). QoS 0 publishes (the status message) report id 0 and are not rows.
+//!
+//! It also knows when each row went on the wire, for the ack timeout, and which is the oldest
+//! unacknowledged one, the suspect when a connection dies (poison isolation).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::Instant;
 
 /// A row handed to rumqttc, by its outbox sequence number.
 pub(crate) type Seq = i64;
@@ -20,6 +24,8 @@ pub(crate) struct Tracker {
     by_pkid: HashMap<u16, Seq>,
     /// Waiting for their packet id to be freed (collision).
     parked: HashMap<u16, Seq>,
+    /// On the wire, by sequence number, with when they were written.
+    on_wire: BTreeMap<Seq, Instant>,
 }
 
 impl Tracker {
@@ -31,15 +37,19 @@ impl Tracker {
         if pkid == 0 {
             return;
         }
-        if let Some(seq) = self.parked.remove(&pkid) {
-            self.by_pkid.insert(pkid, seq);
+        let seq = if let Some(seq) = self.parked.remove(&pkid) {
+            seq
         } else if self.by_pkid.contains_key(&pkid) {
             tracing::debug!(pkid, "publish event for a mapped packet id (replay): ignored");
+            return;
         } else if let Some(seq) = self.submitted.pop_front() {
-            self.by_pkid.insert(pkid, seq);
+            seq
         } else {
             tracing::warn!(pkid, "publish event with no submitted row: ignored");
-        }
+            return;
+        };
+        self.by_pkid.insert(pkid, seq);
+        self.on_wire.insert(seq, Instant::now());
     }
 
     pub(crate) fn on_await_ack(&mut self, pkid: u16) {
@@ -54,10 +64,35 @@ impl Tracker {
     /// The row a PUBACK acknowledges, if it is one of ours.
     pub(crate) fn on_puback(&mut self, pkid: u16) -> Option<Seq> {
         let seq = self.by_pkid.remove(&pkid);
-        if seq.is_none() {
-            tracing::debug!(pkid, "PUBACK for an unknown packet id: ignored");
+        match seq {
+            Some(seq) => {
+                self.on_wire.remove(&seq);
+            }
+            None => tracing::debug!(pkid, "PUBACK for an unknown packet id: ignored"),
         }
         seq
+    }
+
+    /// Whether a row waits for `pkid` to be freed (a collision).
+    pub(crate) fn is_awaited(&self, pkid: u16) -> bool {
+        self.parked.contains_key(&pkid)
+    }
+
+    /// How many rows are on the wire and not yet acknowledged.
+    pub(crate) fn on_wire(&self) -> usize {
+        self.on_wire.len()
+    }
+
+    /// The newest row handed to rumqttc and not yet acknowledged, on the wire or not.
+    pub(crate) fn newest_in_flight(&self) -> Option<Seq> {
+        let wire = self.on_wire.last_key_value().map(|(&seq, _)| seq);
+        let queued = self.submitted.iter().chain(self.parked.values()).copied().max();
+        wire.max(queued)
+    }
+
+    /// The oldest row on the wire and not yet acknowledged, with when it was written.
+    pub(crate) fn oldest_on_wire(&self) -> Option<(Seq, Instant)> {
+        self.on_wire.first_key_value().map(|(&seq, &at)| (seq, at))
     }
 
     /// Rows handed to rumqttc and not yet acknowledged.
@@ -70,6 +105,7 @@ impl Tracker {
         self.submitted.clear();
         self.by_pkid.clear();
         self.parked.clear();
+        self.on_wire.clear();
     }
 }
 
@@ -120,6 +156,27 @@ mod tests {
         assert_eq!(t.on_puback(4), Some(7));
         assert_eq!(t.on_puback(5), Some(8));
         assert_eq!(t.on_puback(4), None, "each PUBACK acknowledges once");
+    }
+
+    #[test]
+    fn the_oldest_row_on_the_wire_is_known() {
+        let mut t = Tracker::default();
+        assert_eq!(t.oldest_on_wire(), None);
+        for seq in [3, 4, 5] {
+            t.submit(seq);
+        }
+        t.on_publish(1);
+        t.on_await_ack(1); // row 4 waits: not on the wire
+        assert!(t.is_awaited(1));
+        assert_eq!(t.oldest_on_wire().map(|(s, _)| s), Some(3));
+        assert_eq!(t.on_puback(1), Some(3));
+        assert_eq!(
+            t.oldest_on_wire(),
+            None,
+            "row 4 is parked, row 5 not yet reported"
+        );
+        t.on_publish(1);
+        assert_eq!(t.oldest_on_wire().map(|(s, _)| s), Some(4));
     }
 
     #[test]

@@ -1,0 +1,341 @@
+//! The two rumqttc clients (MQTT 3.1.1 and 5) behind one small interface: build a fresh client
+//! and connection for each connection attempt, publish, subscribe, acknowledge, disconnect.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use rumqttc::v5::mqttbytes::v5 as v5p;
+use rumqttc::{QoS, TlsConfiguration, Transport};
+
+use super::config::{MqttConfig, PROTOCOL_MAX_PACKET, Protocol};
+use super::event::{self, Cause, Delivery, RawPublish, Step};
+use crate::error::{Error, Result};
+
+/// rumqttc's MQTT 5 client asserts a keep-alive of at least 5 s.
+const V5_MIN_KEEP_ALIVE: Duration = Duration::from_secs(5);
+
+/// What a session is for: the options differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// The relay's publishing session: clean, the status topic's last will, at most this many
+    /// publishes in flight.
+    Publisher { max_in_flight: u16 },
+    /// The command session: persistent, manual acks, any incoming size (the inbox dead-letters
+    /// what is above its limit, so an oversized command never wedges the session).
+    Commands,
+}
+
+/// Validated rumqttc options for one session, cloned into a new client for each connection.
+#[derive(Clone)]
+pub(crate) struct SessionOptions {
+    protocol: Protocol,
+    options: Options,
+    request_capacity: usize,
+    connect_secs: u64,
+}
+
+#[derive(Clone)]
+enum Options {
+    V4(Box<rumqttc::MqttOptions>),
+    V5(Box<rumqttc::v5::MqttOptions>),
+}
+
+impl SessionOptions {
+    /// Checks `config` (rumqttc asserts instead of returning errors, so everything it would assert
+    /// on is checked here first) and builds the options for `client_id` in `role`.
+    pub(crate) fn new(config: &MqttConfig, client_id: &str, role: Role) -> Result<Self> {
+        config.validate(client_id)?;
+        let keep_alive = config.keep_alive_value();
+        let transport = match config.tls_value() {
+            Some(tls) => Some(Transport::tls_with_config(TlsConfiguration::Rustls(
+                tls.client_config()?,
+            ))),
+            None => None,
+        };
+        let connect_secs = config.connect_timeout_value().as_secs().max(1);
+        let request_capacity = match role {
+            // Room for the whole window plus the status message and a disconnect, so a
+            // non-blocking publish never fails for lack of room while the connection is up.
+            Role::Publisher { max_in_flight } => usize::from(max_in_flight) + 16,
+            Role::Commands => 1024,
+        };
+        let options = match config.version() {
+            Protocol::V311 => {
+                let mut o = rumqttc::MqttOptions::new(client_id, config.host(), config.port());
+                o.set_keep_alive(keep_alive)
+                    .set_clean_session(matches!(role, Role::Publisher { .. }));
+                if let Some((user, password)) = config.credentials_value() {
+                    o.set_credentials(user, password);
+                }
+                if let Some(t) = transport {
+                    o.set_transport(t);
+                }
+                match role {
+                    Role::Publisher { max_in_flight } => {
+                        o.set_max_packet_size(config.packet_limit(), config.packet_limit())
+                            .set_inflight(max_in_flight.max(1));
+                        if let Some(topic) = config.status() {
+                            o.set_last_will(rumqttc::LastWill::new(topic, "offline", QoS::AtLeastOnce, true));
+                        }
+                    }
+                    Role::Commands => {
+                        o.set_max_packet_size(PROTOCOL_MAX_PACKET, config.packet_limit())
+                            .set_manual_acks(true);
+                    }
+                }
+                Options::V4(Box::new(o))
+            }
+            Protocol::V5 => {
+                if keep_alive.is_zero() {
+                    return Err(Error::InvalidConfig(
+                        "keep_alive 0 (disabled) is not available with MQTT 5 (rumqttc's client \
+                         needs at least 5 s): set a keep-alive, or use MQTT 3.1.1"
+                            .into(),
+                    ));
+                }
+                let mut o = rumqttc::v5::MqttOptions::new(client_id, config.host(), config.port());
+                if keep_alive < V5_MIN_KEEP_ALIVE {
+                    tracing::warn!(
+                        ?keep_alive,
+                        "keep-alive raised to 5 s: rumqttc's MQTT 5 client takes no less"
+                    );
+                }
+                o.set_keep_alive(keep_alive.max(V5_MIN_KEEP_ALIVE))
+                    .set_clean_start(matches!(role, Role::Publisher { .. }))
+                    .set_connection_timeout(connect_secs);
+                if let Some((user, password)) = config.credentials_value() {
+                    o.set_credentials(user, password);
+                }
+                if let Some(t) = transport {
+                    o.set_transport(t);
+                }
+                match role {
+                    Role::Publisher { max_in_flight } => {
+                        // Our own incoming limit (the broker only sends acknowledgements here),
+                        // and rumqttc's in-flight cap; the broker's receive maximum lowers it.
+                        o.set_max_packet_size(Some(packet_u32(config.packet_limit())))
+                            .set_outgoing_inflight_upper_limit(max_in_flight.max(1));
+                        if let Some(topic) = config.status() {
+                            o.set_last_will(v5p::LastWill::new(
+                                topic,
+                                "offline",
+                                v5_qos(QoS::AtLeastOnce),
+                                true,
+                                None,
+                            ));
+                        }
+                    }
+                    Role::Commands => {
+                        // A persistent session under MQTT 5 needs an expiry: without one it ends
+                        // with the connection and the broker keeps nothing while we are offline.
+                        // u32::MAX: never expires, as a 3.1.1 persistent session.
+                        o.set_session_expiry_interval(Some(u32::MAX))
+                            .set_max_packet_size(Some(packet_u32(PROTOCOL_MAX_PACKET)))
+                            .set_manual_acks(true);
+                    }
+                }
+                Options::V5(Box::new(o))
+            }
+        };
+        Ok(SessionOptions {
+            protocol: config.version(),
+            options,
+            request_capacity,
+            connect_secs,
+        })
+    }
+
+    pub(crate) fn protocol(&self) -> Protocol {
+        self.protocol
+    }
+
+    /// The keep-alive rumqttc will use (before a broker's server keep-alive overrides it).
+    pub(crate) fn keep_alive(&self) -> Duration {
+        match &self.options {
+            Options::V4(o) => o.keep_alive(),
+            Options::V5(o) => o.keep_alive(),
+        }
+    }
+
+    /// A new client and connection: nothing of an earlier connection's state survives, in
+    /// particular not a packet-id collision (rumqttc keeps it across reconnects, which stops
+    /// publishing for good: DESIGN.md, "Learned in the field", 16).
+    pub(crate) fn open(&self) -> (MqttClient, Connection) {
+        match &self.options {
+            Options::V4(o) => {
+                let (client, mut connection) = rumqttc::Client::new((**o).clone(), self.request_capacity);
+                // 3.1.1 keeps the connect timeout with the event loop, not the options.
+                let mut net = connection.eventloop.network_options();
+                net.set_connection_timeout(self.connect_secs);
+                connection.eventloop.set_network_options(net);
+                (MqttClient::V4(client), Connection::V4(Box::new(connection)))
+            }
+            Options::V5(o) => {
+                let (client, connection) = rumqttc::v5::Client::new((**o).clone(), self.request_capacity);
+                (MqttClient::V5(client), Connection::V5(Box::new(connection)))
+            }
+        }
+    }
+}
+
+fn v5_qos(qos: QoS) -> rumqttc::v5::mqttbytes::QoS {
+    match qos {
+        QoS::AtMostOnce => rumqttc::v5::mqttbytes::QoS::AtMostOnce,
+        QoS::AtLeastOnce => rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
+        QoS::ExactlyOnce => rumqttc::v5::mqttbytes::QoS::ExactlyOnce,
+    }
+}
+
+fn packet_u32(bytes: usize) -> u32 {
+    u32::try_from(bytes).unwrap_or(u32::MAX)
+}
+
+/// A handle on one connection's request channel. Every method is non-blocking: the driver
+/// thread uses it too, and a blocking call there deadlocks when the channel is full.
+#[derive(Clone)]
+pub(crate) enum MqttClient {
+    V4(rumqttc::Client),
+    V5(rumqttc::v5::Client),
+}
+
+impl std::fmt::Debug for MqttClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MqttClient::V4(_) => "MqttClient(3.1.1)",
+            MqttClient::V5(_) => "MqttClient(5)",
+        })
+    }
+}
+
+/// A request could not be queued: the connection is gone or its channel is full.
+#[derive(Debug)]
+pub(crate) struct NotQueued;
+
+impl MqttClient {
+    /// Queues a publish. `alias`: an MQTT 5 topic alias (ignored under 3.1.1); with `Some((n,
+    /// false))` the topic is sent and alias `n` bound to it, with `Some((n, true))` only the alias
+    /// is sent (the broker already knows it on this connection).
+    pub(crate) fn try_publish(
+        &self,
+        topic: &str,
+        qos: QoS,
+        retain: bool,
+        payload: impl Into<Bytes>,
+        alias: Option<(u16, bool)>,
+    ) -> Result<(), NotQueued> {
+        let queued = match (self, alias) {
+            (MqttClient::V4(c), _) => c.try_publish(topic, qos, retain, payload.into()).is_ok(),
+            (MqttClient::V5(c), None) => c.try_publish(topic, v5_qos(qos), retain, payload.into()).is_ok(),
+            (MqttClient::V5(c), Some((n, known))) => {
+                let properties = v5p::PublishProperties {
+                    topic_alias: Some(n),
+                    ..Default::default()
+                };
+                let topic = if known { "" } else { topic };
+                c.try_publish_with_properties(topic, v5_qos(qos), retain, payload.into(), properties)
+                    .is_ok()
+            }
+        };
+        if queued { Ok(()) } else { Err(NotQueued) }
+    }
+
+    /// Queues a QoS 1 subscription.
+    pub(crate) fn try_subscribe(&self, filter: &str) -> Result<(), NotQueued> {
+        match self {
+            MqttClient::V4(c) => c.try_subscribe(filter, QoS::AtLeastOnce).map_err(|_| NotQueued),
+            MqttClient::V5(c) => c
+                .try_subscribe(filter, v5_qos(QoS::AtLeastOnce))
+                .map_err(|_| NotQueued),
+        }
+    }
+
+    /// Queues the acknowledgement of a delivery (manual acks).
+    pub(crate) fn try_ack(&self, delivery: &Delivery) -> Result<(), NotQueued> {
+        match (self, &delivery.raw) {
+            (MqttClient::V4(c), RawPublish::V4(p)) => c.try_ack(p).map_err(|_| NotQueued),
+            (MqttClient::V5(c), RawPublish::V5(p)) => c.try_ack(p).map_err(|_| NotQueued),
+            // A delivery from a connection of the other protocol cannot be acknowledged here.
+            _ => Err(NotQueued),
+        }
+    }
+
+    /// Queues a DISCONNECT.
+    pub(crate) fn try_disconnect(&self) -> Result<(), NotQueued> {
+        match self {
+            MqttClient::V4(c) => c.try_disconnect().map_err(|_| NotQueued),
+            MqttClient::V5(c) => c.try_disconnect().map_err(|_| NotQueued),
+        }
+    }
+}
+
+/// One connection's event loop (rumqttc's `Connection`).
+pub(crate) enum Connection {
+    V4(Box<rumqttc::Connection>),
+    V5(Box<rumqttc::v5::Connection>),
+}
+
+/// What waiting for the next step gave.
+pub(crate) enum Recv {
+    Step(Step),
+    Failed(Cause),
+    /// Nothing within the timeout.
+    Idle,
+    /// Every client handle was dropped.
+    Closed,
+}
+
+impl Connection {
+    /// The next step, blocking; with a `timeout`, at most that long (only once connected: a
+    /// timeout abandons whatever rumqttc was doing, which during a connect is the connect).
+    /// `connected`: a CONNACK was seen (it shapes error descriptions).
+    pub(crate) fn recv(&mut self, connected: bool, timeout: Option<Duration>) -> Recv {
+        match self {
+            Connection::V4(c) => {
+                let got = match timeout {
+                    None => c.recv().map_err(|_| true),
+                    Some(t) => c
+                        .recv_timeout(t)
+                        .map_err(|e| e == rumqttc::RecvTimeoutError::Disconnected),
+                };
+                match got {
+                    Ok(Ok(e)) => {
+                        tracing::trace!(event = ?e, "mqtt event");
+                        Recv::Step(event::from_v4(e))
+                    }
+                    Ok(Err(e)) => Recv::Failed(event::cause_v4(&e, connected)),
+                    Err(true) => Recv::Closed,
+                    Err(false) => Recv::Idle,
+                }
+            }
+            Connection::V5(c) => {
+                let got = match timeout {
+                    None => c.recv().map_err(|_| true),
+                    Some(t) => c
+                        .recv_timeout(t)
+                        .map_err(|e| e == rumqttc::v5::RecvTimeoutError::Disconnected),
+                };
+                match got {
+                    Ok(Ok(e)) => {
+                        // One per rumqttc event, on the connection's thread (the relay bench
+                        // timestamps PUBACKs with it).
+                        tracing::trace!(event = ?e, "mqtt event");
+                        Recv::Step(event::from_v5(e))
+                    }
+                    Ok(Err(e)) => Recv::Failed(event::cause_v5(&e, connected)),
+                    Err(true) => Recv::Closed,
+                    Err(false) => Recv::Idle,
+                }
+            }
+        }
+    }
+
+    /// Events rumqttc read before the connection failed and has not handed out yet (it keeps
+    /// them in `state.events` and would deliver them after the next CONNACK). They belong to the
+    /// connection that just ended.
+    pub(crate) fn take_buffered(&mut self) -> Vec<Step> {
+        match self {
+            Connection::V4(c) => c.eventloop.state.events.drain(..).map(event::from_v4).collect(),
+            Connection::V5(c) => c.eventloop.state.events.drain(..).map(event::from_v5).collect(),
+        }
+    }
+}

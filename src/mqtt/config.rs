@@ -1,0 +1,461 @@
+//! Broker connection settings: where, who, which protocol, and the limits the sessions honour.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::tls::TlsConfig;
+use crate::error::{Error, Result};
+
+/// The MQTT protocol version a session speaks.
+///
+/// MQTT 5 is the default: its PUBACK carries a reason code, so a broker can refuse a message (an
+/// ACL, a size limit, a quota) and the relay moves it to the dead letters instead of deleting it.
+/// Under MQTT 3.1.1 a broker cannot refuse a QoS 1 publish: mosquitto, for one, acknowledges a
+/// publish its ACL denies or that is above `message_size_limit`, and drops it. The relay then
+/// deletes the row and the message is lost, silently. Use 3.1.1 only for brokers that do not
+/// speak 5 (RabbitMQ's MQTT plugin before 3.13, for one), and see docs/reliability.md for the
+/// broker settings that keep it safe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Protocol {
+    /// MQTT 5.0 (default).
+    #[default]
+    V5,
+    /// MQTT 3.1.1, for brokers that do not speak 5.
+    V311,
+}
+
+impl Protocol {
+    /// `"5"` or `"3.1.1"`, as the CLI's `--mqtt-version` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::V5 => "5",
+            Protocol::V311 => "3.1.1",
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MQTT {}", self.as_str())
+    }
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "5" | "5.0" => Ok(Protocol::V5),
+            "3.1.1" | "311" => Ok(Protocol::V311),
+            other => Err(Error::InvalidConfig(format!(
+                "MQTT version {other:?}: expected 5 or 3.1.1"
+            ))),
+        }
+    }
+}
+
+/// Where and how to connect to the broker.
+///
+/// | setting | default |
+/// |---|---|
+/// | [`client_id`](Self::client_id) | `edge-outbox` |
+/// | [`protocol`](Self::protocol) | [`Protocol::V5`] |
+/// | [`keep_alive`](Self::keep_alive) | 30 s |
+/// | [`connect_timeout`](Self::connect_timeout) | 10 s |
+/// | [`max_packet_size`](Self::max_packet_size) | 256 KiB |
+/// | [`credentials`](Self::credentials) | none |
+/// | [`tls`](Self::tls) | none: plain TCP |
+/// | [`status_topic`](Self::status_topic) | none |
+/// | [`topic_aliases`](Self::topic_aliases) | off |
+///
+/// `Debug` never shows the password.
+///
+/// ```
+/// use edge_outbox::MqttConfig;
+/// let config = MqttConfig::new("broker.example", 8883)
+///     .client_id("pump-17")
+///     .credentials("pump-17", "secret")
+///     .status_topic("devices/pump-17/status");
+/// assert_eq!(config.port(), 8883);
+/// assert!(!format!("{config:?}").contains("secret"));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct MqttConfig {
+    host: String,
+    port: u16,
+    client_id: String,
+    protocol: Protocol,
+    keep_alive: Duration,
+    connect_timeout: Duration,
+    max_packet_size: usize,
+    credentials: Option<(String, String)>,
+    tls: Option<TlsConfig>,
+    status_topic: Option<String>,
+    topic_aliases: bool,
+}
+
+impl fmt::Debug for MqttConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MqttConfig")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("client_id", &self.client_id)
+            .field("protocol", &self.protocol)
+            .field("keep_alive", &self.keep_alive)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("max_packet_size", &self.max_packet_size)
+            // The username is not secret; the password is never shown.
+            .field("username", &self.credentials.as_ref().map(|(user, _)| user))
+            .field("tls", &self.tls)
+            .field("status_topic", &self.status_topic)
+            .field("topic_aliases", &self.topic_aliases)
+            .finish()
+    }
+}
+
+/// MQTT's largest packet: a remaining length of at most 268,435,455 bytes plus 5 header bytes.
+pub(crate) const PROTOCOL_MAX_PACKET: usize = 268_435_460;
+
+impl MqttConfig {
+    /// A broker at `host:port`, plain TCP, with the defaults above.
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
+        MqttConfig {
+            host: host.into(),
+            port,
+            client_id: "edge-outbox".into(),
+            protocol: Protocol::V5,
+            keep_alive: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            max_packet_size: 256 * 1024,
+            credentials: None,
+            tls: None,
+            status_topic: None,
+            topic_aliases: false,
+        }
+    }
+
+    /// Parses `mqtt://[user[:password]@]host[:port]` (plain TCP, default port 1883) or
+    /// `mqtts://...` (TLS, default port 8883, the system's CAs unless [`MqttConfig::tls`] says
+    /// otherwise). A username and password in the URL become the [credentials](Self::credentials)
+    /// (percent-encoded characters such as `%40` for `@` are decoded). Errors never repeat the
+    /// password.
+    ///
+    /// ```
+    /// use edge_outbox::MqttConfig;
+    /// let c = MqttConfig::from_url("mqtts://pump-17:s3cret@broker.example")?;
+    /// assert_eq!((c.host(), c.port(), c.username()), ("broker.example", 8883, Some("pump-17")));
+    /// # Ok::<(), edge_outbox::Error>(())
+    /// ```
+    pub fn from_url(url: &str) -> Result<Self> {
+        let shown = redact_url(url);
+        let bad = |why: &str| Error::InvalidConfig(format!("broker URL {shown:?}: {why}"));
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| bad("expected mqtt://host:port or mqtts://host:port"))?;
+        let default_port = match scheme {
+            "mqtt" | "tcp" => 1883,
+            "mqtts" | "ssl" => 8883,
+            _ => return Err(bad("scheme must be mqtt or mqtts")),
+        };
+        let rest = rest.trim_end_matches('/');
+        let (userinfo, hostport) = match rest.rsplit_once('@') {
+            Some((userinfo, hostport)) => (Some(userinfo), hostport),
+            None => (None, rest),
+        };
+        let (host, port) = match hostport.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
+                h,
+                p.parse::<u16>()
+                    .map_err(|_| bad("port is not a number from 1 to 65535"))?,
+            ),
+            _ => (hostport, default_port),
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() || host.contains(['/', '?', '#', '@']) {
+            return Err(bad("missing or malformed host"));
+        }
+        let mut config = MqttConfig::new(host, port);
+        if default_port == 8883 {
+            config.tls = Some(TlsConfig::system_roots());
+        }
+        if let Some(userinfo) = userinfo {
+            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+            let user = percent_decode(user).ok_or_else(|| bad("malformed %-escape in the username"))?;
+            let password =
+                percent_decode(password).ok_or_else(|| bad("malformed %-escape in the password"))?;
+            if user.is_empty() {
+                return Err(bad("a password needs a username (user:password@host)"));
+            }
+            config.credentials = Some((user, password));
+        }
+        Ok(config)
+    }
+
+    /// The MQTT client id (default `edge-outbox`). Give every device its own: a broker disconnects
+    /// the older of two clients with the same id.
+    pub fn client_id(mut self, id: impl Into<String>) -> Self {
+        self.client_id = id.into();
+        self
+    }
+
+    /// The protocol version (default [`Protocol::V5`]). Never changed behind your back: a broker
+    /// that does not answer an MQTT 5 CONNECT gets an error that names this option.
+    pub fn protocol(mut self, protocol: Protocol) -> Self {
+        self.protocol = protocol;
+        self
+    }
+
+    /// Keep-alive interval (default 30 s; zero disables; otherwise at least 1 s). Under MQTT 5 a
+    /// broker may impose its own (server keep-alive), which is used instead; and rumqttc's MQTT 5
+    /// client takes no less than 5 s: a shorter interval is raised to 5 s (with a warning), and
+    /// zero is refused.
+    pub fn keep_alive(mut self, interval: Duration) -> Self {
+        self.keep_alive = interval;
+        self
+    }
+
+    /// How long one connection attempt may take, TLS handshake included (default 10 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Largest MQTT packet sent, in bytes (default 256 KiB). Under MQTT 5 the broker's own limit
+    /// (from its CONNACK) applies too, whichever is smaller. A message that would not fit is
+    /// dead-lettered before it is published, never retried forever.
+    pub fn max_packet_size(mut self, bytes: usize) -> Self {
+        self.max_packet_size = bytes;
+        self
+    }
+
+    /// Username and password. The password is never logged, printed or shown by `Debug`.
+    pub fn credentials(mut self, username: impl Into<String>, password: impl Into<String>) -> Self {
+        self.credentials = Some((username.into(), password.into()));
+        self
+    }
+
+    /// Connect over TLS. Plain TCP is never used when TLS is configured.
+    pub fn tls(mut self, tls: TlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Publish `online` (retained) to this topic on every connection, and register `offline`
+    /// (retained) as the last will, so the cloud sees when the device drops off. The payload is
+    /// plain UTF-8 text, not a CBOR envelope: keep the topic outside the event topics consumers
+    /// decode.
+    pub fn status_topic(mut self, topic: impl Into<String>) -> Self {
+        self.status_topic = Some(topic.into());
+        self
+    }
+
+    /// MQTT 5 topic aliases on the publishing session (default off): a topic repeated on one
+    /// connection goes out in full once, then as a two-byte alias, up to the broker's topic alias
+    /// maximum. It cuts bytes on metered links when topics are long next to the messages.
+    /// Off by default because not every broker gets them right: rumqttd 0.20 forwards the alias
+    /// to its MQTT 3.1.1 subscribers and its 3.1.1 listener crashes on it. If a broker
+    /// disconnects over an alias (reason 0x94 or 0x82), the relay stops using them.
+    pub fn topic_aliases(mut self, on: bool) -> Self {
+        self.topic_aliases = on;
+        self
+    }
+
+    /// The broker host.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The broker port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The client id.
+    pub fn id(&self) -> &str {
+        &self.client_id
+    }
+
+    /// The protocol version.
+    pub fn version(&self) -> Protocol {
+        self.protocol
+    }
+
+    /// Whether topic aliases are on.
+    pub fn uses_topic_aliases(&self) -> bool {
+        self.topic_aliases
+    }
+
+    /// The username, if credentials are set (the password has no getter).
+    pub fn username(&self) -> Option<&str> {
+        self.credentials.as_ref().map(|(user, _)| user.as_str())
+    }
+
+    /// The maximum packet size.
+    pub fn packet_limit(&self) -> usize {
+        self.max_packet_size
+    }
+
+    /// The status topic, if any.
+    pub fn status(&self) -> Option<&str> {
+        self.status_topic.as_deref()
+    }
+
+    /// Whether TLS is configured.
+    pub fn uses_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// `host:port`, for logs and status: never the credentials.
+    pub(crate) fn endpoint(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+
+    pub(crate) fn keep_alive_value(&self) -> Duration {
+        self.keep_alive
+    }
+
+    pub(crate) fn connect_timeout_value(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    pub(crate) fn credentials_value(&self) -> Option<(&str, &str)> {
+        self.credentials.as_ref().map(|(u, p)| (u.as_str(), p.as_str()))
+    }
+
+    pub(crate) fn tls_value(&self) -> Option<&TlsConfig> {
+        self.tls.as_ref()
+    }
+
+    /// Checks what rumqttc would otherwise assert on (it panics instead of returning errors).
+    pub(crate) fn validate(&self, client_id: &str) -> Result<()> {
+        if client_id.is_empty() {
+            return Err(Error::InvalidConfig("MQTT client id is empty".into()));
+        }
+        if !self.keep_alive.is_zero() && self.keep_alive < Duration::from_secs(1) {
+            return Err(Error::InvalidConfig(
+                "keep_alive must be zero or at least 1 s".into(),
+            ));
+        }
+        if self.keep_alive > Duration::from_secs(u64::from(u16::MAX)) {
+            return Err(Error::InvalidConfig(
+                "keep_alive must be at most 65535 s (MQTT encodes it in 16 bits)".into(),
+            ));
+        }
+        if self.host.is_empty() {
+            return Err(Error::InvalidConfig("broker host is empty".into()));
+        }
+        if self.max_packet_size < 128 || self.max_packet_size > PROTOCOL_MAX_PACKET {
+            return Err(Error::InvalidConfig(format!(
+                "max_packet_size must be from 128 bytes to {PROTOCOL_MAX_PACKET} (MQTT's limit)"
+            )));
+        }
+        if let Some(topic) = &self.status_topic {
+            crate::topic::check(topic, true)
+                .map_err(|e| Error::InvalidConfig(format!("status topic: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+/// `url` with any password replaced by `***`, for error messages.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, hostport)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            let password = if userinfo.contains(':') { ":***" } else { "" };
+            format!("{scheme}://{user}{password}@{hostport}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// Decodes `%XX` escapes; `None` on a malformed escape or bytes that are not UTF-8.
+fn percent_decode(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_or_say_why() {
+        let c = MqttConfig::from_url("mqtt://127.0.0.1:1884").expect("url");
+        assert_eq!((c.host(), c.port(), c.uses_tls()), ("127.0.0.1", 1884, false));
+        let c = MqttConfig::from_url("mqtts://broker.example").expect("url");
+        assert_eq!((c.port(), c.uses_tls()), (8883, true));
+        for bad in [
+            "127.0.0.1:1883",
+            "http://x:1",
+            "mqtt://:1883",
+            "mqtt://h:99999",
+            "mqtt://h:x",
+            "mqtt://:pw@h",
+            "mqtt://u:%zz@h",
+        ] {
+            let err = MqttConfig::from_url(bad).expect_err(bad);
+            assert!(err.to_string().contains("broker URL"), "{err}");
+        }
+    }
+
+    #[test]
+    fn credentials_in_the_url_are_parsed_and_never_shown() {
+        let c = MqttConfig::from_url("mqtts://pump%4017:s3cr%3At@broker.example:8884/").expect("url");
+        assert_eq!(c.host(), "broker.example");
+        assert_eq!(c.port(), 8884);
+        assert_eq!(c.credentials_value(), Some(("pump@17", "s3cr:t")));
+        assert!(!format!("{c:?}").contains("s3cr"), "{c:?}");
+        let err = MqttConfig::from_url("mqtt://u:s3cret@h:notaport").expect_err("bad port");
+        assert!(!err.to_string().contains("s3cret"), "{err}");
+        assert!(err.to_string().contains("u:***@h"), "{err}");
+        let c = MqttConfig::from_url("mqtt://justuser@h").expect("user only");
+        assert_eq!(c.credentials_value(), Some(("justuser", "")));
+    }
+
+    #[test]
+    fn rumqttc_asserts_become_errors() {
+        let c = MqttConfig::new("h", 1).keep_alive(Duration::from_millis(10));
+        assert!(c.validate("id").is_err());
+        assert!(MqttConfig::new("h", 1).validate("").is_err());
+        assert!(
+            MqttConfig::new("h", 1)
+                .max_packet_size(10)
+                .validate("id")
+                .is_err()
+        );
+        assert!(
+            MqttConfig::new("h", 1)
+                .status_topic("a/+")
+                .validate("id")
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn protocol_names_parse() {
+        assert_eq!("3.1.1".parse::<Protocol>().expect("3.1.1"), Protocol::V311);
+        assert_eq!("5".parse::<Protocol>().expect("5"), Protocol::V5);
+        assert!("4.0".parse::<Protocol>().is_err());
+    }
+}

@@ -1,0 +1,422 @@
+//! Drives one MQTT session: a fresh rumqttc client and event loop for every connection, a backoff
+//! between attempts that resets only once a connection proved healthy, and each connection's
+//! events kept strictly between its `Connected` and its `Disconnected`.
+//!
+//! Why a fresh client per connection: rumqttc 0.25 keeps a packet-id collision across reconnects
+//! (`state.collision` survives `clean()`) and reads no request while it is set, so acks out of
+//! order with a full window followed by a drop stopped publishing for good. It also hands out
+//! events buffered before a failure after the next CONNACK, where they would pass for the new
+//! connection's. A new client shares nothing with the old one; the old one's buffered events are
+//! delivered before its `Disconnected`. The session logic gets the new client with `Connected`.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
+
+use super::backoff::Backoff;
+use super::client::{Connection, MqttClient, Recv, SessionOptions};
+use super::event::{Cause, Event, Granted, Step, SubResult, protocol_note};
+use crate::error::Result;
+
+/// What the driver hands to the session logic, in order.
+pub(crate) enum Signal {
+    /// A new connection is up: the client to use on it and what the broker granted.
+    Connected(Link),
+    /// An event of the current connection.
+    Event(Event),
+    /// The connection ended. Every event of it was delivered before this; its client is dead.
+    Disconnected(Cause),
+}
+
+/// A live connection, as the session logic sees it.
+pub(crate) struct Link {
+    pub client: MqttClient,
+    pub granted: Granted,
+}
+
+/// How often a quiet, connected session checks for a reconnect request.
+const REQUEST_CHECK: Duration = Duration::from_millis(200);
+
+/// Whether the driver should keep going.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Flow {
+    Continue,
+    /// End the session (a clean DISCONNECT if connected).
+    Stop,
+    /// Drop the connection and make a new one (after a backoff wait), for this reason.
+    Reconnect(Cause),
+}
+
+/// What others may do to a running session: end it (the owner shutting down) or ask for a new
+/// connection (the session logic, from another thread).
+#[derive(Debug, Default)]
+pub(crate) struct SessionHandle {
+    slot: Mutex<Slot>,
+    reconnect: Mutex<Option<Cause>>,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    client: Option<MqttClient>,
+    closed: bool,
+}
+
+impl SessionHandle {
+    /// Ends the session: a DISCONNECT on the current connection, and no connection after it.
+    pub(crate) fn close(&self) {
+        let mut slot = lock(&self.slot);
+        slot.closed = true;
+        if let Some(client) = slot.client.take() {
+            let _ = client.try_disconnect();
+        }
+    }
+
+    /// Asks for the current connection to be replaced; the driver acts on it within a fraction
+    /// of a second.
+    pub(crate) fn request_reconnect(&self, cause: Cause) {
+        *lock(&self.reconnect) = Some(cause);
+    }
+
+    /// Makes `client` the current one; false if the session was closed meanwhile.
+    fn install(&self, client: &MqttClient) -> bool {
+        let mut slot = lock(&self.slot);
+        if slot.closed {
+            return false;
+        }
+        slot.client = Some(client.clone());
+        true
+    }
+
+    fn clear(&self) {
+        lock(&self.slot).client = None;
+        lock(&self.reconnect).take();
+    }
+
+    fn take_reconnect(&self) -> Option<Cause> {
+        lock(&self.reconnect).take()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// One session to drive.
+pub(crate) struct Driver<'a> {
+    /// For log lines: `relay` or `command session`.
+    pub name: &'static str,
+    /// `host:port`, for log lines.
+    pub endpoint: String,
+    pub options: &'a SessionOptions,
+    pub handle: &'a SessionHandle,
+    pub stop: &'a Receiver<()>,
+    pub backoff: Backoff,
+}
+
+/// How one connection ended.
+enum End {
+    /// The session logic said stop: disconnect cleanly and return.
+    Stop,
+    /// A DISCONNECT was sent: the session is over.
+    Done,
+    Failed {
+        cause: Cause,
+        connected: bool,
+        healthy: bool,
+    },
+}
+
+impl Driver<'_> {
+    /// Runs until `on_signal` says stop, the stop channel fires while waiting to reconnect, the
+    /// handle is closed, or a DISCONNECT is sent.
+    pub(crate) fn run(mut self, mut on_signal: impl FnMut(Signal) -> Result<Flow>) -> Result<()> {
+        let mut log = ConnectionLog::new(self.name, self.endpoint.clone());
+        loop {
+            if self.stop.try_recv() != Err(TryRecvError::Empty) {
+                return Ok(());
+            }
+            let (client, mut connection) = self.options.open();
+            if !self.handle.install(&client) {
+                return Ok(());
+            }
+            let end = self.connection(&client, &mut connection, &mut log, &mut on_signal);
+            self.handle.clear();
+            match end? {
+                End::Done => return Ok(()),
+                End::Stop => {
+                    disconnect_cleanly(&client, &mut connection);
+                    return Ok(());
+                }
+                End::Failed {
+                    cause,
+                    connected,
+                    healthy,
+                } => {
+                    drop((client, connection));
+                    log.failed(&cause, connected, healthy);
+                    if on_signal(Signal::Disconnected(cause))? == Flow::Stop {
+                        return Ok(());
+                    }
+                    let delay = self.backoff.next_delay();
+                    tracing::debug!(session = self.name, ?delay, "waiting before reconnecting");
+                    if self.stop.recv_timeout(delay) != Err(RecvTimeoutError::Timeout) {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    fn connection(
+        &mut self,
+        client: &MqttClient,
+        connection: &mut Connection,
+        log: &mut ConnectionLog,
+        on_signal: &mut impl FnMut(Signal) -> Result<Flow>,
+    ) -> Result<End> {
+        let mut connected_at: Option<Instant> = None;
+        let mut keep_alive = self.options.keep_alive();
+        let mut healthy = false;
+        loop {
+            let connected = connected_at.is_some();
+            // Once connected, wake up now and then to act on a reconnect request even when the
+            // connection is quiet.
+            let step = match connection.recv(connected, connected.then_some(REQUEST_CHECK)) {
+                // Every client handle was dropped: cannot happen while `client` lives.
+                Recv::Closed => return Ok(End::Done),
+                Recv::Idle => match self.handle.take_reconnect() {
+                    Some(cause) => return failed(connection, on_signal, cause, connected, healthy),
+                    None => {
+                        if !healthy && held(connected_at, keep_alive) {
+                            healthy = true;
+                            self.backoff.reset();
+                            log.healthy();
+                        }
+                        continue;
+                    }
+                },
+                Recv::Step(step) => step,
+                Recv::Failed(cause) => return failed(connection, on_signal, cause, connected, healthy),
+            };
+            let flow = match step {
+                Step::ConnAck(granted) => {
+                    connected_at = Some(Instant::now());
+                    if let Some(secs) = granted.server_keep_alive {
+                        keep_alive = Duration::from_secs(u64::from(secs));
+                    }
+                    log.connected(protocol_note(self.options.protocol()));
+                    on_signal(Signal::Connected(Link {
+                        client: client.clone(),
+                        granted,
+                    }))?
+                }
+                Step::Event(event) => {
+                    // Healthy: a PUBACK or a granted subscription came, or the connection has
+                    // held for one keep-alive. Only then does the backoff start again from its
+                    // minimum: a broker that accepts CONNECT and drops at once backs off.
+                    if !healthy && (proves_health(&event) || held(connected_at, keep_alive)) {
+                        healthy = true;
+                        self.backoff.reset();
+                        log.healthy();
+                    }
+                    match event {
+                        Event::Other => Flow::Continue,
+                        Event::DisconnectSent => {
+                            on_signal(Signal::Event(Event::DisconnectSent))?;
+                            return Ok(End::Done);
+                        }
+                        event => on_signal(Signal::Event(event))?,
+                    }
+                }
+            };
+            let flow = match flow {
+                Flow::Continue => self
+                    .handle
+                    .take_reconnect()
+                    .map_or(Flow::Continue, Flow::Reconnect),
+                other => other,
+            };
+            match flow {
+                Flow::Continue => {}
+                Flow::Stop => return Ok(End::Stop),
+                Flow::Reconnect(cause) => {
+                    return failed(connection, on_signal, cause, connected_at.is_some(), healthy);
+                }
+            }
+        }
+    }
+}
+
+fn proves_health(event: &Event) -> bool {
+    match event {
+        Event::PubAck(_) => true,
+        Event::SubAck(results) => results.iter().all(|r| *r == SubResult::Granted),
+        _ => false,
+    }
+}
+
+fn held(connected_at: Option<Instant>, keep_alive: Duration) -> bool {
+    // With keep-alive disabled, a connection that held for half a minute counts.
+    let enough = if keep_alive.is_zero() {
+        Duration::from_secs(30)
+    } else {
+        keep_alive
+    };
+    connected_at.is_some_and(|t| t.elapsed() >= enough)
+}
+
+/// The end of a connection: its buffered events first, then how it ended.
+fn failed(
+    connection: &mut Connection,
+    on_signal: &mut impl FnMut(Signal) -> Result<Flow>,
+    cause: Cause,
+    connected: bool,
+    healthy: bool,
+) -> Result<End> {
+    if deliver_buffered(connection, on_signal)? == Flow::Stop {
+        return Ok(End::Stop);
+    }
+    Ok(End::Failed {
+        cause,
+        connected,
+        healthy,
+    })
+}
+
+/// Hands over what rumqttc read before the connection ended: it belongs to that connection.
+fn deliver_buffered(
+    connection: &mut Connection,
+    on_signal: &mut impl FnMut(Signal) -> Result<Flow>,
+) -> Result<Flow> {
+    for step in connection.take_buffered() {
+        match step {
+            // A CONNACK cannot be buffered behind the failure of its own connection.
+            Step::ConnAck(_) | Step::Event(Event::Other) => {}
+            Step::Event(event) => {
+                if on_signal(Signal::Event(event))? == Flow::Stop {
+                    return Ok(Flow::Stop);
+                }
+            }
+        }
+    }
+    Ok(Flow::Continue)
+}
+
+/// Sends DISCONNECT and lets rumqttc write it, for a bounded time: the broker then discards the
+/// last will.
+fn disconnect_cleanly(client: &MqttClient, connection: &mut Connection) {
+    if client.try_disconnect().is_err() {
+        return;
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match connection.recv(true, Some(left)) {
+            Recv::Step(Step::Event(Event::DisconnectSent)) | Recv::Failed(_) | Recv::Idle | Recv::Closed => {
+                return;
+            }
+            Recv::Step(_) => {}
+        }
+    }
+}
+
+/// Log lines for operators: the first failure and every change of state at WARN or INFO with its
+/// cause; repeats of the same failure at DEBUG, with a WARN summary once a minute.
+struct ConnectionLog {
+    name: &'static str,
+    endpoint: String,
+    /// Attempts that failed since the last healthy connection (a connection dropped before it
+    /// proved healthy counts as failed).
+    failures: u32,
+    failing_since: Option<Instant>,
+    last_cause: Option<String>,
+    last_summary: Instant,
+}
+
+/// A failure repeated for this long is summarised again at WARN.
+const SUMMARY_EVERY: Duration = Duration::from_secs(60);
+
+impl ConnectionLog {
+    fn new(name: &'static str, endpoint: String) -> Self {
+        ConnectionLog {
+            name,
+            endpoint,
+            failures: 0,
+            failing_since: None,
+            last_cause: None,
+            last_summary: Instant::now(),
+        }
+    }
+
+    fn connected(&mut self, protocol_note: Option<&str>) {
+        if self.failures == 0 {
+            tracing::info!(session = self.name, broker = %self.endpoint, "connected");
+            if let Some(note) = protocol_note {
+                tracing::warn!(session = self.name, "{note}");
+            }
+        } else {
+            tracing::debug!(session = self.name, broker = %self.endpoint, attempt = self.failures + 1, "connected");
+        }
+    }
+
+    fn healthy(&mut self) {
+        if self.failures > 0 {
+            let since = self.failing_since.map(|t| t.elapsed()).unwrap_or_default();
+            tracing::info!(
+                session = self.name,
+                broker = %self.endpoint,
+                failed_attempts = self.failures,
+                "connected again after {} failed attempts in {:.0?}",
+                self.failures,
+                since
+            );
+        }
+        self.failures = 0;
+        self.failing_since = None;
+        self.last_cause = None;
+    }
+
+    fn failed(&mut self, cause: &Cause, connected: bool, healthy: bool) {
+        if healthy {
+            tracing::warn!(session = self.name, broker = %self.endpoint, cause = %cause, "disconnected");
+            self.failures = 0;
+        }
+        self.failures += 1;
+        let now = Instant::now();
+        let since = *self.failing_since.get_or_insert(now);
+        let same = self.last_cause.as_deref() == Some(cause.text.as_str());
+        if healthy {
+            // Said above.
+        } else if self.failures == 1 {
+            let what = if connected {
+                "connection dropped before it proved healthy"
+            } else {
+                "cannot connect"
+            };
+            tracing::warn!(
+                session = self.name,
+                broker = %self.endpoint,
+                cause = %cause,
+                "{what}; retrying with backoff (repeats are summarised)"
+            );
+            self.last_summary = now;
+        } else if !same {
+            tracing::warn!(session = self.name, broker = %self.endpoint, cause = %cause, attempts = self.failures, "still failing, now: {cause}");
+            self.last_summary = now;
+        } else if self.last_summary.elapsed() >= SUMMARY_EVERY {
+            tracing::warn!(
+                session = self.name,
+                broker = %self.endpoint,
+                cause = %cause,
+                attempts = self.failures,
+                "still failing: {} attempts in {:.0?}",
+                self.failures,
+                now.duration_since(since)
+            );
+            self.last_summary = now;
+        } else {
+            tracing::debug!(session = self.name, cause = %cause, attempts = self.failures, "connection attempt failed");
+        }
+        self.last_cause = Some(cause.text.clone());
+    }
+}

@@ -1,0 +1,18 @@
+//! Everything about talking to a broker, for the relay and the command session alike: settings
+//! and TLS, one client interface over rumqttc's MQTT 3.1.1 and 5 clients, one event type, the
+//! driver that runs a session's connections, backoff, connection status, and the ack tracker.
+
+mod aliases;
+pub(crate) mod backoff;
+mod client;
+mod config;
+pub(crate) mod driver;
+pub(crate) mod event;
+pub(crate) mod status;
+mod tls;
+pub(crate) mod tracker;
+
+pub(crate) use aliases::Aliases;
+pub(crate) use client::{MqttClient, Role, SessionOptions};
+pub use config::{MqttConfig, Protocol};
+pub use tls::TlsConfig;

@@ -1,0 +1,137 @@
+//! TLS settings for the broker connection, turned into a rustls configuration.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::RootCertStore;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::error::{Error, Result};
+
+/// TLS settings: which CA to trust and, for mutual TLS, the client's certificate and key (PEM).
+#[derive(Clone, PartialEq, Eq)]
+pub struct TlsConfig {
+    ca_pem: Option<Vec<u8>>,
+    client_auth: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for TlsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print key material.
+        f.debug_struct("TlsConfig")
+            .field("custom_ca", &self.ca_pem.is_some())
+            .field("client_auth", &self.client_auth.is_some())
+            .finish()
+    }
+}
+
+impl TlsConfig {
+    /// Trust the CA certificates in this PEM.
+    pub fn with_ca_pem(ca_pem: impl Into<Vec<u8>>) -> Self {
+        TlsConfig {
+            ca_pem: Some(ca_pem.into()),
+            client_auth: None,
+        }
+    }
+
+    /// Trust the CA certificates in the PEM file at `path`.
+    pub fn with_ca_file(path: impl AsRef<Path>) -> Result<Self> {
+        Ok(Self::with_ca_pem(read(path.as_ref())?))
+    }
+
+    /// Trust the operating system's root certificates.
+    pub fn system_roots() -> Self {
+        TlsConfig {
+            ca_pem: None,
+            client_auth: None,
+        }
+    }
+
+    /// Present this certificate chain and private key (PEM) for mutual TLS.
+    pub fn client_auth_pem(mut self, cert_pem: impl Into<Vec<u8>>, key_pem: impl Into<Vec<u8>>) -> Self {
+        self.client_auth = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// Present the certificate chain and private key in these PEM files for mutual TLS.
+    pub fn client_auth_files(self, cert: impl AsRef<Path>, key: impl AsRef<Path>) -> Result<Self> {
+        Ok(self.client_auth_pem(read(cert.as_ref())?, read(key.as_ref())?))
+    }
+
+    /// A rustls configuration with the ring provider passed explicitly, so nothing depends on a
+    /// process-wide default provider being installed.
+    pub(crate) fn client_config(&self) -> Result<Arc<rustls::ClientConfig>> {
+        let bad = |what: &str, e: &dyn std::fmt::Display| Error::InvalidConfig(format!("TLS {what}: {e}"));
+        let mut roots = RootCertStore::empty();
+        match &self.ca_pem {
+            Some(pem) => {
+                for cert in CertificateDer::pem_slice_iter(pem) {
+                    roots
+                        .add(cert.map_err(|e| bad("CA certificate", &e))?)
+                        .map_err(|e| bad("CA certificate", &e))?;
+                }
+            }
+            None => {
+                let found = rustls_native_roots();
+                for cert in found {
+                    // A malformed system root is skipped, as browsers do.
+                    let _ = roots.add(cert);
+                }
+            }
+        }
+        if roots.is_empty() {
+            return Err(Error::InvalidConfig("TLS: no CA certificate to trust".into()));
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| bad("protocol versions", &e))?
+            .with_root_certificates(roots);
+        let config = match &self.client_auth {
+            Some((cert_pem, key_pem)) => {
+                let certs = CertificateDer::pem_slice_iter(cert_pem)
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| bad("client certificate", &e))?;
+                let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| bad("client key", &e))?;
+                builder
+                    .with_client_auth_cert(certs, key)
+                    .map_err(|e| bad("client certificate", &e))?
+            }
+            None => builder.with_no_client_auth(),
+        };
+        Ok(Arc::new(config))
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))
+}
+
+/// The system's root certificates from the usual PEM bundle locations.
+fn rustls_native_roots() -> Vec<CertificateDer<'static>> {
+    const BUNDLES: &[&str] = &[
+        "/etc/ssl/certs/ca-certificates.crt",
+        "/etc/pki/tls/certs/ca-bundle.crt",
+        "/etc/ssl/cert.pem",
+    ];
+    BUNDLES
+        .iter()
+        .find_map(|p| std::fs::read(p).ok())
+        .map(|pem| {
+            CertificateDer::pem_slice_iter(&pem)
+                .filter_map(|c| c.ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn garbage_ca_is_an_error_not_a_panic() {
+        assert!(TlsConfig::with_ca_pem("not a pem").client_config().is_err());
+    }
+}
