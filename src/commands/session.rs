@@ -14,11 +14,13 @@ use crossbeam_channel::{Receiver, Sender};
 use rumqttc::{Client, Event, Packet, QoS, SubscribeReasonCode};
 use rusqlite::Connection;
 
+use super::delivery::{self, DeliveryLimits, Handled};
+use super::outage::Outage;
 use crate::error::Result;
 use crate::relay::backoff::Backoff;
 use crate::relay::driver::{Flow, Signal, drive};
 use crate::relay::status::StatusCell;
-use crate::store::{Options, Received, inbox_receive};
+use crate::store::{Options, Received};
 
 pub(crate) struct CommandSession {
     pub conn: Connection,
@@ -30,6 +32,7 @@ pub(crate) struct CommandSession {
     pub status: Arc<StatusCell>,
     pub backoff: Backoff,
     pub connect_timeout: Duration,
+    pub limits: DeliveryLimits,
 }
 
 impl CommandSession {
@@ -44,11 +47,14 @@ impl CommandSession {
             status,
             backoff,
             connect_timeout,
+            limits,
         } = self;
         let mut store_backoff = backoff.clone();
+        let mut outage = Outage::default();
         drive(connection, &stop, backoff, connect_timeout, |signal| {
             match signal {
                 Signal::Event(Event::Incoming(Packet::ConnAck(ack))) => {
+                    outage.on_connected();
                     tracing::info!(session_present = ack.session_present, %filter, "command session connected");
                     if let Err(e) = client.try_subscribe(filter.as_str(), QoS::AtLeastOnce) {
                         tracing::error!(error = %e, "could not subscribe to commands");
@@ -73,7 +79,8 @@ impl CommandSession {
                     // Store first; until it is stored the delivery is not acknowledged, and
                     // neither is anything after it (acks go in order).
                     let received = loop {
-                        match inbox_receive(&conn, &options, &publish.topic, &publish.payload) {
+                        let (topic, retain) = (publish.topic.as_str(), publish.retain);
+                        match delivery::handle(&conn, &options, limits, topic, &publish.payload, retain) {
                             Ok(r) => break r,
                             Err(e) => {
                                 tracing::error!(error = %e, topic = %publish.topic, "could not store a command; retrying");
@@ -90,16 +97,20 @@ impl CommandSession {
                     store_backoff.reset();
                     crate::failpoint::hit("command-stored-before-ack");
                     match &received {
-                        Received::Stored(id) => {
+                        Handled::Received(Received::Stored(id)) => {
                             tracing::debug!(%id, topic = %publish.topic, "command stored");
                             status.on_command(false);
                             let _ = arrivals.try_send(());
                         }
-                        Received::Duplicate(id) => {
+                        Handled::Received(Received::Duplicate(id)) => {
                             tracing::debug!(%id, "duplicate command delivery ignored");
                             status.on_command(true);
                         }
-                        Received::DeadLettered { .. } => {}
+                        Handled::Received(Received::DeadLettered { .. }) => status.on_malformed(),
+                        Handled::IgnoredRetained => {
+                            tracing::info!(topic = %publish.topic, "retained command delivery ignored");
+                            status.on_retained_ignored();
+                        }
                     }
                     if let Err(e) = client.try_ack(&publish) {
                         // Without this ack no later one may be sent: start a new connection
@@ -111,7 +122,7 @@ impl CommandSession {
                 Signal::Event(_) => {}
                 Signal::Disconnected(error) => {
                     status.set_commands_connected(false);
-                    tracing::warn!(%error, "command session disconnected");
+                    outage.on_disconnected(&error);
                     status.set_error(format!("command session: {error}"));
                 }
             }
