@@ -209,7 +209,7 @@ impl Outbox {
     ///
     /// # let dir = tempfile::tempdir().expect("temp dir");
     /// let outbox = Outbox::open(dir.path().join("device.db"))?;
-    /// outbox.transaction(|tx| tx.execute_batch("CREATE TABLE valve (position INTEGER)"))?;
+    /// outbox.with_connection(|c| c.execute_batch("CREATE TABLE valve (position INTEGER)"))?;
     /// let id = MessageId::new_v7();
     /// outbox.receive("valves/v1/set", &Envelope::command(id, "valve-1", &40)?.encode())?;
     ///

@@ -19,7 +19,7 @@ pub mod tls;
 
 pub use broker::{Broker, BrokerKind, TlsListener};
 pub use proxy::Proxy;
-pub use subscriber::{Message, Subscriber, publish_raw, publish_raw_many};
+pub use subscriber::{Message, Subscriber, publish_raw, publish_raw_many, publish_retained};
 pub use tls::Pki;
 
 use std::time::Duration;
