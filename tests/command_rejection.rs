@@ -48,14 +48,23 @@ fn a_payload_that_cannot_decode_is_rejected_at_once_and_its_key_moves_on() -> Te
     let outbox = open(&path)?;
     let bad = MessageId::new_v7();
     let good = MessageId::new_v7();
-    outbox.receive("pumps/p1/rate", &command_bytes(bad, "pump-1", &SetRateText { set_rate: "fast" })?)?;
-    outbox.receive("pumps/p1/rate", &command_bytes(good, "pump-1", &SetRate { set_rate: 12.5 })?)?;
+    outbox.receive(
+        "pumps/p1/rate",
+        &command_bytes(bad, "pump-1", &SetRateText { set_rate: "fast" })?,
+    )?;
+    outbox.receive(
+        "pumps/p1/rate",
+        &command_bytes(good, "pump-1", &SetRate { set_rate: 12.5 })?,
+    )?;
 
     match outbox.apply_next(set_rate)? {
         ApplyOutcome::Rejected { id, attempts, error } => {
             assert_eq!((id, attempts), (bad, 1));
             assert!(error.contains("rejected by the handler"), "{error}");
-            assert!(error.contains("set_rate") || error.contains("f64") || error.contains("float"), "{error}");
+            assert!(
+                error.contains("set_rate") || error.contains("f64") || error.contains("float"),
+                "{error}"
+            );
         }
         other => panic!("expected Rejected, got {other:?}"),
     }
@@ -68,13 +77,23 @@ fn a_payload_that_cannot_decode_is_rejected_at_once_and_its_key_moves_on() -> Te
         }
     );
     assert_eq!(query_i64(&outbox, "SELECT count(*) FROM rate")?, 1);
-    assert_eq!(outbox.apply_next(set_rate)?, ApplyOutcome::Idle { next_due: None });
+    assert_eq!(
+        outbox.apply_next(set_rate)?,
+        ApplyOutcome::Idle { next_due: None }
+    );
 
     let dead = outbox.dead_letters(10)?;
     assert_eq!(dead.len(), 1);
     assert_eq!((dead[0].message_id, dead[0].attempts), (Some(bad), 1));
-    assert!(dead[0].reason.contains("rejected by the handler"), "{}", dead[0].reason);
-    assert!(dead[0].payload.is_some(), "the dead letter keeps the payload for an operator");
+    assert!(
+        dead[0].reason.contains("rejected by the handler"),
+        "{}",
+        dead[0].reason
+    );
+    assert!(
+        dead[0].payload.is_some(),
+        "the dead letter keeps the payload for an operator"
+    );
     Ok(())
 }
 
@@ -94,9 +113,11 @@ fn a_handler_rejects_explicitly_plain_or_boxed_and_an_ordinary_error_is_retried(
         matches!(&outcome, ApplyOutcome::Rejected { id, error, .. } if *id == plain && error.contains("valve 9")),
         "{outcome:?}"
     );
-    let outcome = outbox.apply_next(|_tx, _cmd| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        Err(Box::new(Error::reject("boxed reason")))
-    })?;
+    let outcome = outbox.apply_next(
+        |_tx, _cmd| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+            Err(Box::new(Error::reject("boxed reason")))
+        },
+    )?;
     assert!(
         matches!(&outcome, ApplyOutcome::Rejected { id, error, .. } if *id == boxed && error.contains("boxed reason")),
         "{outcome:?}"
@@ -121,14 +142,21 @@ fn the_relay_counts_rejections_and_malformed_deliveries_in_its_status() -> TestR
         relay_config(broker.addr(), "rejecting-device").commands("pumps/p1/#"),
         set_rate,
     )?;
-    assert!(wait(|| relay.status().is_ok_and(|s| s.commands_connected)), "command session ready");
+    assert!(
+        wait(|| relay.status().is_ok_and(|s| s.commands_connected)),
+        "command session ready"
+    );
 
     let rejected = command_bytes(MessageId::new_v7(), "pump-1", &SetRateText { set_rate: "fast" })?;
     let good = command_bytes(MessageId::new_v7(), "pump-1", &SetRate { set_rate: 7.0 })?;
     let json: &[u8] = br#"{"set_rate": 7.0}"#;
     publish_raw_many(
         broker.addr(),
-        &[("pumps/p1/rate", &rejected), ("pumps/p1/rate", json), ("pumps/p1/rate", &good)],
+        &[
+            ("pumps/p1/rate", &rejected),
+            ("pumps/p1/rate", json),
+            ("pumps/p1/rate", &good),
+        ],
         QoS::AtLeastOnce,
     )?;
     assert!(
@@ -148,8 +176,14 @@ fn the_relay_counts_rejections_and_malformed_deliveries_in_its_status() -> TestR
     );
     let reasons: Vec<String> = outbox.dead_letters(10)?.into_iter().map(|d| d.reason).collect();
     assert_eq!(reasons.len(), 2, "{reasons:?}");
-    assert!(reasons.iter().any(|r| r.contains("this is JSON text")), "{reasons:?}");
-    assert!(reasons.iter().any(|r| r.contains("rejected by the handler")), "{reasons:?}");
+    assert!(
+        reasons.iter().any(|r| r.contains("this is JSON text")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.contains("rejected by the handler")),
+        "{reasons:?}"
+    );
     relay.shutdown()?;
     Ok(())
 }

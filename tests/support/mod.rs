@@ -5,12 +5,14 @@
 //! - [`proxy`]: a TCP proxy that cuts, stalls, refuses and half-opens connections on command.
 //! - [`subscriber`]: an independent rumqttc client that collects what arrives, and one-shot publishing.
 //! - [`tls`]: a CA, server and client certificates generated at run time with `openssl`.
+//! - [`child`]: this test binary run again as a child process that can abort or be killed.
 //!
 //! Every test binary compiles this module but uses only part of it.
 #![allow(dead_code, unused_imports)]
 
 pub mod broker;
 pub mod check;
+pub mod child;
 pub mod device;
 pub mod powercut;
 pub mod proxy;
