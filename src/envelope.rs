@@ -245,6 +245,10 @@ fn decode_counting(bytes: &[u8], comparisons: &Cell<u64>) -> Result<Envelope<'st
     // Known keys are a bit each; unknown ones go through a hash set (randomly seeded, so a sender
     // cannot pick keys that collide).
     let mut known_seen = 0u16;
+    #[expect(
+        clippy::mutable_key_type,
+        reason = "the Cell only counts comparisons; it is not part of the hash or equality"
+    )]
     let mut unknown_seen: HashSet<SeenKey<'_, '_>> = HashSet::new();
     for _ in 0..pairs {
         let k = r

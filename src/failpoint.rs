@@ -14,6 +14,7 @@ pub const FAILPOINTS: &[&str] = &[
     "mid-mark",
     "command-stored-before-ack",
     "handler-mid-effect",
+    "attempt-claimed",
     "relay-loop",
 ];
 

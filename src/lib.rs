@@ -41,6 +41,7 @@ mod relay;
 mod store;
 mod time;
 
+pub use commands::send_command;
 pub use envelope::{Envelope, MessageId};
 pub use error::{Error, Result};
 pub use mqtt::{MqttConfig, TlsConfig};

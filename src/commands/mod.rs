@@ -5,9 +5,11 @@ mod delivery;
 mod filter;
 mod handler;
 mod outage;
+mod send;
 mod session;
 
 pub(crate) use delivery::DeliveryLimits;
 pub(crate) use filter::validate as validate_filter;
 pub(crate) use handler::{Handler, TwoPhase, run_handler};
+pub use send::send_command;
 pub(crate) use session::CommandSession;

@@ -82,7 +82,7 @@ fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Resul
         _ => return Err("id is not a 16-byte blob".into()),
     };
     let topic: String = row.get(2).map_err(get)?;
-    if topic.is_empty() || topic.contains(['+', '#', '\0']) {
+    if !crate::store::outbox::is_topic_name(&topic) {
         return Err(Error::InvalidTopic(topic).to_string());
     }
     let key: String = row.get(3).map_err(get)?;

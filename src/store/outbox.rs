@@ -230,8 +230,13 @@ struct Row<'a> {
     id: Option<MessageId>,
 }
 
+/// Whether `topic` can be published to: not empty, no wildcard, no NUL.
+pub(crate) fn is_topic_name(topic: &str) -> bool {
+    !topic.is_empty() && !topic.contains(['+', '#', '\0'])
+}
+
 fn insert(tx: &Transaction<'_>, limits: &Limits, row: &Row<'_>) -> Result<MessageId> {
-    if row.topic.is_empty() || row.topic.contains(['+', '#', '\0']) {
+    if !is_topic_name(row.topic) {
         return Err(Error::InvalidTopic(row.topic.to_owned()));
     }
     if row.payload.len() > limits.payload_limit() {
