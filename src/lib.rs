@@ -38,6 +38,8 @@ mod error;
 pub mod failpoint;
 mod mqtt;
 mod relay;
+#[cfg(feature = "signed-commands")]
+mod signed;
 mod store;
 mod time;
 
@@ -46,6 +48,8 @@ pub use envelope::{Envelope, MessageId};
 pub use error::{Error, Result};
 pub use mqtt::{MqttConfig, TlsConfig};
 pub use relay::{Relay, RelayConfig, Status};
+#[cfg(feature = "signed-commands")]
+pub use signed::{CommandSigner, TrustedKeys};
 pub use store::{
     ApplyOutcome, Command, Committed, DeadLetter, Limits, Message, OnFull, Options, Origin, Outbox, Received,
     SCHEMA_VERSION, Stats, Synchronous, Tx, default_path, enqueue, schema_version,

@@ -161,7 +161,18 @@ pub(crate) fn receive(conn: &Connection, options: &Options, topic: &str, bytes: 
 }
 
 pub(crate) fn receive_delivery(conn: &Connection, options: &Options, d: Delivery<'_>) -> Result<Received> {
-    let env = match Envelope::decode(d.bytes) {
+    #[cfg(feature = "signed-commands")]
+    let opened = match &options.trusted_keys {
+        // Verified before anything is stored as applicable; refused with the raw bytes kept.
+        Some(keys) => match keys.open(d.topic, d.bytes) {
+            Ok(envelope) => envelope,
+            Err(reason) => return refuse(conn, d.topic, Some(d.bytes), &reason),
+        },
+        None => std::borrow::Cow::Borrowed(d.bytes),
+    };
+    #[cfg(not(feature = "signed-commands"))]
+    let opened = std::borrow::Cow::Borrowed(d.bytes);
+    let env = match Envelope::decode(&opened) {
         Ok(env) => env,
         Err(e) => return refuse(conn, d.topic, Some(d.bytes), &e.to_string()),
     };

@@ -159,6 +159,8 @@ pub struct Options {
     pub(crate) backoff_min: Duration,
     pub(crate) backoff_max: Duration,
     pub(crate) sent_retention: Option<Duration>,
+    #[cfg(feature = "signed-commands")]
+    pub(crate) trusted_keys: Option<crate::signed::TrustedKeys>,
 }
 
 impl Default for Options {
@@ -175,6 +177,8 @@ impl Default for Options {
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             sent_retention: None,
+            #[cfg(feature = "signed-commands")]
+            trusted_keys: None,
         }
     }
 }
@@ -258,6 +262,16 @@ impl Options {
         self
     }
 
+    /// Accept only commands signed by one of these keys (feature `signed-commands`; default:
+    /// commands are not signed). A delivery that is not a valid signed command is dead-lettered
+    /// with the reason, before anything is stored as applicable. See [`TrustedKeys`](crate::TrustedKeys)
+    /// and docs/wire-format.md.
+    #[cfg(feature = "signed-commands")]
+    pub fn trusted_command_keys(mut self, keys: crate::signed::TrustedKeys) -> Self {
+        self.trusted_keys = Some(keys);
+        self
+    }
+
     /// The configured durability mode.
     pub fn synchronous_mode(&self) -> Synchronous {
         self.synchronous
@@ -272,6 +286,10 @@ impl Options {
         self.limits.validate()?;
         if self.max_attempts == 0 {
             return Err(Error::InvalidConfig("max_attempts must be at least 1".into()));
+        }
+        #[cfg(feature = "signed-commands")]
+        if let Some(keys) = &self.trusted_keys {
+            keys.validate(self.inbox_retention)?;
         }
         if self.attempt_timeout.is_zero() {
             return Err(Error::InvalidConfig("attempt_timeout must be above zero".into()));
