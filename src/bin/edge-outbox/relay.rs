@@ -182,6 +182,10 @@ impl Report {
             connections: s.connections,
             commands_received: s.commands_received,
             commands_duplicate: s.commands_duplicate,
+            commands_malformed: s.commands_malformed,
+            commands_rejected: s.commands_rejected,
+            commands_dead_lettered: s.commands_dead_lettered,
+            commands_retained_ignored: s.commands_retained_ignored,
             last_error: s.last_error.clone(),
         }
     }
@@ -290,6 +294,9 @@ fn log_summary(s: &Status) {
         acknowledged = s.acknowledged,
         dead_letters = s.store.dead_letters,
         commands_received = s.commands_received,
+        commands_malformed = s.commands_malformed,
+        commands_rejected = s.commands_rejected,
+        commands_dead_lettered = s.commands_dead_lettered,
         last_error = s.last_error.as_deref().filter(|_| !s.connected),
         "relay status"
     );
