@@ -4,7 +4,7 @@
 use rusqlite::Connection;
 
 use crate::error::Result;
-use crate::store::{Delivery, Options, Received, receive_delivery, refuse};
+use crate::store::{Delivery, Options, Received, gate, receive_delivery, refuse};
 
 /// The command session's limits on deliveries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +58,7 @@ pub(crate) fn handle(
     bytes: &[u8],
     retained: bool,
 ) -> Result<Handled> {
+    let _turn = gate::enter(conn, options.busy_timeout)?;
     Ok(match admit(bytes.len(), retained, limits) {
         Admission::IgnoreRetained => Handled::IgnoredRetained,
         Admission::TooLarge(reason) => Handled::Received(refuse(conn, topic, None, &reason)?),

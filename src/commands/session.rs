@@ -36,7 +36,12 @@ pub(crate) struct CommandSession {
 }
 
 impl CommandSession {
-    pub(crate) fn run(self, connection: rumqttc::Connection) -> Result<()> {
+    pub(crate) fn run(self, mut connection: rumqttc::Connection) -> Result<()> {
+        // Acks are tiny and each one lets the broker send the next command: Nagle would hold
+        // them back waiting for the broker's TCP ack, stalling a backlog's delivery.
+        let mut network = connection.eventloop.network_options();
+        network.set_tcp_nodelay(true);
+        connection.eventloop.set_network_options(network);
         let CommandSession {
             conn,
             options,

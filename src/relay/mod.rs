@@ -392,7 +392,11 @@ impl Relay {
         relay.spawn_thread(PUBLISHER_THREAD, move || publisher.run())?;
 
         if let (Some(filter), Some(options)) = (&config.commands, command_options) {
-            let (client, connection) = Client::new(options, 1024);
+            // Room for an ack per delivery the broker can have unacknowledged on one connection
+            // (packet ids are 16 bits): rumqttc sends one queued request per turn of its loop but
+            // reads up to ten packets in one, so acks queue up while a backlog streams in, and
+            // a full channel would force a reconnect (and the broker to start over).
+            let (client, connection) = Client::new(options, usize::from(u16::MAX) + 16);
             let (arrivals_tx, arrivals_rx) = crossbeam_channel::bounded(1);
             relay.command_client = Some(client.clone());
             let session_conn = connect(outbox.path(), outbox.options())?;

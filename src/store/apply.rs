@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 
+use super::gate;
 use super::inbox::{ApplyOutcome, Command};
 use super::options::Options;
 use super::outbox::Tx;
@@ -120,6 +121,7 @@ const NEXT_DUE_AT: &str = "
 /// Step 1: recovers attempts abandoned longer than the attempt timeout, then claims the next due
 /// command, in one committed transaction.
 pub(crate) fn claim(conn: &mut Connection, a: &Applier<'_>) -> Result<ClaimStep> {
+    let _turn = gate::enter(conn, a.options.busy_timeout)?;
     let now = now_ms();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let abandoned_before = now.saturating_sub(ms(a.options.attempt_timeout));
@@ -210,6 +212,7 @@ where
     F: FnOnce(&mut Tx<'_>, &Command) -> std::result::Result<(), E>,
     E: Display + 'static,
 {
+    let turn = gate::enter(conn, a.options.busy_timeout)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut t = Tx::new(tx, &a.options.limits);
     let result = {
@@ -242,6 +245,7 @@ where
         Err(panic) => Failure::from_panic(&*panic),
     };
     drop(t); // rolls the handler's effect back
+    drop(turn);
     fail(conn, a, claim, failure)
 }
 
@@ -261,6 +265,7 @@ pub(crate) fn fail(
     let dead = rejected || attempts >= a.options.max_attempts;
     let retry_in = a.options.backoff_after(attempts);
     let now = now_ms();
+    let _turn = gate::enter(conn, a.options.busy_timeout)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     // Guarded by the claim: if this attempt was recovered as abandoned meanwhile, that recovery
     // already counted it.
@@ -307,6 +312,7 @@ pub(crate) fn fail(
 /// Recovers every attempt the relay's handler left running: called when it starts, holding the
 /// relay lock, so none of them is running any more. Returns how many it dead-lettered.
 pub(crate) fn recover_relay_attempts(conn: &mut Connection, options: &Options) -> Result<u64> {
+    let _turn = gate::enter(conn, options.busy_timeout)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let dead = recover(&tx, options, "claimed_by = ?1", RELAY_OWNER)?;
     tx.commit()?;

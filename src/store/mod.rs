@@ -2,6 +2,7 @@
 
 mod apply;
 mod dead_letters;
+pub(crate) mod gate;
 mod inbox;
 mod open;
 mod options;
@@ -47,6 +48,8 @@ struct Shared {
     /// A second connection for `apply_next`, taken out while a command is applied, so applying
     /// never holds `conn`'s mutex: the handler may read through this handle meanwhile.
     apply_conn: Mutex<Option<Connection>>,
+    /// The in-process writers' queue of this file (see `gate`): taken before `conn`'s mutex.
+    gate: Arc<gate::WriteGate>,
     options: Options,
     /// Wakes a relay started from this handle the moment a publish commits. Capacity one: a
     /// pending wake-up already covers every later commit.
@@ -74,6 +77,7 @@ impl Outbox {
         let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
         Ok(Outbox {
             shared: Arc::new(Shared {
+                gate: gate::of(&conn),
                 conn: Mutex::new(conn),
                 canonical: reentry::canonical(&path),
                 owner: format!("worker:{}", crate::MessageId::new_v7()),
@@ -131,6 +135,7 @@ impl Outbox {
         E: From<Error>,
     {
         self.check_can_write("Outbox::transaction")?;
+        let turn = self.enter_gate()?;
         let mut conn = self.lock();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -140,6 +145,7 @@ impl Outbox {
         let ids = t.commit()?;
         crate::failpoint::hit("after-business-commit");
         drop(conn);
+        drop(turn);
         if !ids.is_empty() {
             self.wake_relay();
         }
@@ -152,6 +158,7 @@ impl Outbox {
     /// acknowledges the broker next, and a command a power cut then erased would be lost for good.
     pub fn receive(&self, topic: &str, bytes: &[u8]) -> Result<Received> {
         self.check_can_write("Outbox::receive")?;
+        let _turn = self.enter_gate()?;
         let conn = self.lock();
         if self.shared.options.synchronous == Synchronous::Full {
             return inbox::receive(&conn, &self.shared.options, topic, bytes);
@@ -267,6 +274,7 @@ impl Outbox {
     /// a command gets a fresh set of attempts. Fails with [`Error::NotFound`] for an unknown id.
     pub fn retry_dead_letter(&self, dead_letter_id: i64) -> Result<()> {
         self.check_can_write("Outbox::retry_dead_letter")?;
+        let _turn = self.enter_gate()?;
         dead_letters::retry(&mut self.lock(), &self.shared.options, dead_letter_id)?;
         self.wake_relay();
         Ok(())
@@ -275,6 +283,7 @@ impl Outbox {
     /// Deletes a dead letter for good. Fails with [`Error::NotFound`] for an unknown id.
     pub fn drop_dead_letter(&self, dead_letter_id: i64) -> Result<()> {
         self.check_can_write("Outbox::drop_dead_letter")?;
+        let _turn = self.enter_gate()?;
         dead_letters::drop(&self.lock(), dead_letter_id)
     }
 
@@ -283,6 +292,7 @@ impl Outbox {
     /// free pages to the file system. Returns the rows deleted.
     pub fn prune(&self) -> Result<u64> {
         self.check_can_write("Outbox::prune")?;
+        let _turn = self.enter_gate()?;
         let conn = self.lock();
         let deleted =
             inbox::prune(&conn, &self.shared.options)? + outbox::prune_sent(&conn, &self.shared.options)?;
@@ -308,6 +318,10 @@ impl Outbox {
     /// The file's canonical path (see `reentry`).
     pub(crate) fn canonical_path(&self) -> &Path {
         &self.shared.canonical
+    }
+
+    fn enter_gate(&self) -> Result<gate::Turn> {
+        self.shared.gate.enter(self.shared.options.busy_timeout)
     }
 
     fn check_can_write(&self, operation: &'static str) -> Result<()> {
@@ -348,6 +362,7 @@ impl Outbox {
 
 /// Periodic housekeeping on `conn`: prune past retention, return free pages.
 pub(crate) fn maintain(conn: &Connection, options: &Options) -> Result<u64> {
+    let _turn = gate::enter(conn, options.busy_timeout)?;
     let deleted = inbox::prune(conn, options)? + outbox::prune_sent(conn, options)?;
     conn.execute_batch("PRAGMA incremental_vacuum")?;
     Ok(deleted)
