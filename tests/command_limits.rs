@@ -130,6 +130,43 @@ fn an_oversized_delivery_is_dead_lettered_and_acknowledged_and_the_session_goes_
 }
 
 #[test]
+fn a_backlog_queued_offline_is_received_on_one_connection() -> TestResult {
+    const BACKLOG: usize = 2_000;
+    let broker = Broker::start()?;
+    let (_dir, path) = temp_db()?;
+    let outbox = open(&path, Options::new().synchronous(edge_outbox::Synchronous::Normal))?;
+    // The default keep-alive: the backlog is read as fast as it is stored, and a debug build
+    // stores slowly.
+    let config = || {
+        RelayConfig::new(MqttConfig::new(broker.host(), broker.port()).client_id("limits-backlog"))
+            .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(250))
+    };
+    start(&outbox, config())?.shutdown()?;
+    let commands: Vec<Vec<u8>> = (0..BACKLOG)
+        .map(|i| command_bytes(MessageId::new_v7(), &format!("acct-{}", i % 8), &1))
+        .collect::<TestResult<_>>()?;
+    let messages: Vec<(&str, &[u8])> = commands.iter().map(|c| (TOPIC, c.as_slice())).collect();
+    publish_raw_many(broker.addr(), &messages, QoS::AtLeastOnce)?;
+
+    // mosquitto sends a queued backlog without waiting for acks, faster than they are sent: the
+    // acks queue up in the client, and a full queue would force a reconnect (and redeliveries).
+    let relay = Relay::start(&outbox, config().commands(FILTER))?;
+    assert!(
+        wait(|| relay.status().is_ok_and(|s| s.commands_received == BACKLOG as u64)),
+        "{:?}",
+        relay.status()?
+    );
+    let status = relay.status()?;
+    assert_eq!(
+        (status.commands_duplicate, status.last_error.as_deref()),
+        (0, None),
+        "the backlog was received on one connection: {status:?}"
+    );
+    relay.shutdown()?;
+    Ok(())
+}
+
+#[test]
 fn retained_deliveries_are_ignored_by_default() -> TestResult {
     let broker = Broker::start()?;
     let (_dir, path) = temp_db()?;
