@@ -167,7 +167,7 @@ fn run_round(broker: &Broker, dir: &Path, commands: usize, round: usize) -> Resu
         })
         .collect::<Result<_, edge_outbox::Error>>()?;
     // Which goes first alternates: the machine's load drifts.
-    let (flood, bare) = if round % 2 == 0 {
+    let (flood, bare) = if round.is_multiple_of(2) {
         let flood = flood(broker, &outbox, &envelopes, round)?;
         (flood, bare(&outbox, &path, &envelopes)?)
     } else {

@@ -134,7 +134,10 @@ fn a_backlog_queued_offline_is_received_on_one_connection() -> TestResult {
     const BACKLOG: usize = 2_000;
     let broker = Broker::start()?;
     let (_dir, path) = temp_db()?;
-    let outbox = open(&path, Options::new().synchronous(edge_outbox::Synchronous::Normal))?;
+    let outbox = open(
+        &path,
+        Options::new().synchronous(edge_outbox::Synchronous::Normal),
+    )?;
     // The default keep-alive: the backlog is read as fast as it is stored, and a debug build
     // stores slowly.
     let config = || {
@@ -152,7 +155,9 @@ fn a_backlog_queued_offline_is_received_on_one_connection() -> TestResult {
     // acks queue up in the client, and a full queue would force a reconnect (and redeliveries).
     let relay = Relay::start(&outbox, config().commands(FILTER))?;
     assert!(
-        wait(|| relay.status().is_ok_and(|s| s.commands_received == BACKLOG as u64)),
+        wait(|| relay
+            .status()
+            .is_ok_and(|s| s.commands_received == BACKLOG as u64)),
         "{:?}",
         relay.status()?
     );

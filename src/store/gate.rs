@@ -117,9 +117,9 @@ mod tests {
         let order = Arc::new(Mutex::new(Vec::new()));
         let waiters: Vec<_> = (0..4)
             .map(|i| {
-                let (gate, order) = (gate.clone(), order.clone());
+                let (waiter, order) = (gate.clone(), order.clone());
                 let t = std::thread::spawn(move || {
-                    let _turn = gate.enter(Duration::from_secs(30)).expect("turn");
+                    let _turn = waiter.enter(Duration::from_secs(30)).expect("turn");
                     order.lock().expect("order").push(i);
                 });
                 // Queue them one after the other.

@@ -87,9 +87,11 @@ enum Command {
     /// Publish the outbox (and receive commands) until SIGINT or SIGTERM.
     Relay(Box<relay::RelayArgs>),
     /// Send a command to a device: a CBOR envelope built from JSON, published at QoS 1.
-    SendCommand(Box<command::SendArgs>),
+    #[command(name = "send-command")]
+    Send(Box<command::SendArgs>),
     /// Write a command's CBOR envelope to stdout (for mosquitto_pub -s, or any other sender).
-    EncodeCommand(command::EncodeArgs),
+    #[command(name = "encode-command")]
+    Encode(command::EncodeArgs),
     /// The dual-write problem and its fix, with real processes and crashes: prints a table.
     #[cfg(feature = "demo")]
     Demo,
@@ -115,8 +117,8 @@ fn main() -> ExitCode {
         Command::Inbox(args) => inbox::run(&cli.global, &args),
         Command::DeadLetters(command) => dead_letters::run(&cli.global, &command),
         Command::Relay(args) => relay::run(&cli.global, &args),
-        Command::SendCommand(args) => command::send(&cli.global, &args),
-        Command::EncodeCommand(args) => command::encode(&args),
+        Command::Send(args) => command::send(&cli.global, &args),
+        Command::Encode(args) => command::encode(&args),
         #[cfg(feature = "demo")]
         Command::Demo => demo::run(&cli.global),
         #[cfg(feature = "demo")]
