@@ -22,7 +22,7 @@ use edge_outbox::{
 };
 use rumqttc::QoS;
 use support::device::relay_config;
-use support::{Broker, WAIT, publish_raw, publish_raw_many, publish_retained};
+use support::{Broker, publish_raw, publish_raw_many, publish_retained, wait_until};
 
 const FILTER: &str = "devices/d1/commands/#";
 const TOPIC: &str = "devices/d1/commands/credit";
@@ -48,7 +48,7 @@ fn start(outbox: &Outbox, config: RelayConfig) -> TestResult<Relay> {
             Ok::<_, Error>(())
         },
     )?;
-    if !wait(|| relay.status().is_ok_and(|s| s.commands_connected)) {
+    if !wait_until(|| relay.status().is_ok_and(|s| s.commands_connected)) {
         return Err("the command session never subscribed".into());
     }
     Ok(relay)
@@ -56,17 +56,6 @@ fn start(outbox: &Outbox, config: RelayConfig) -> TestResult<Relay> {
 
 fn balance(outbox: &Outbox) -> i64 {
     query_i64(outbox, "SELECT credits FROM balance").unwrap_or(-1)
-}
-
-fn wait(mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + WAIT;
-    while std::time::Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    false
 }
 
 #[test]
@@ -91,7 +80,7 @@ fn an_oversized_delivery_is_dead_lettered_and_acknowledged_and_the_session_goes_
     let good = command_bytes(MessageId::new_v7(), "acct", &5)?;
     publish_raw_many(broker.addr(), &[(TOPIC, &huge), (TOPIC, &good)], QoS::AtLeastOnce)?;
     assert!(
-        wait(|| balance(&outbox) == 5),
+        wait_until(|| balance(&outbox) == 5),
         "the command behind the oversized one was applied"
     );
     let dead = outbox.dead_letters(10)?;
@@ -123,7 +112,7 @@ fn an_oversized_delivery_is_dead_lettered_and_acknowledged_and_the_session_goes_
         &command_bytes(MessageId::new_v7(), "acct", &1)?,
         QoS::AtLeastOnce,
     )?;
-    assert!(wait(|| balance(&outbox) == 6));
+    assert!(wait_until(|| balance(&outbox) == 6));
     assert_eq!(outbox.dead_letters(10)?.len(), 1);
     relay.shutdown()?;
     Ok(())
@@ -155,7 +144,7 @@ fn a_backlog_queued_offline_is_received_on_one_connection() -> TestResult {
     // acks queue up in the client, and a full queue would force a reconnect (and redeliveries).
     let relay = Relay::start(&outbox, config().commands(FILTER))?;
     assert!(
-        wait(|| relay
+        wait_until(|| relay
             .status()
             .is_ok_and(|s| s.commands_received == BACKLOG as u64)),
         "{:?}",
@@ -190,7 +179,7 @@ fn retained_deliveries_are_ignored_by_default() -> TestResult {
             .commands_client_id(format!("ignoring-{run}"));
         let relay = start(&outbox, config)?;
         assert!(
-            wait(|| relay.status().is_ok_and(|s| s.commands_retained_ignored >= 1)),
+            wait_until(|| relay.status().is_ok_and(|s| s.commands_retained_ignored >= 1)),
             "run {run}: the retained delivery was not seen ({:?})",
             broker.kind()
         );
@@ -201,7 +190,7 @@ fn retained_deliveries_are_ignored_by_default() -> TestResult {
             &command_bytes(MessageId::new_v7(), "acct", &1)?,
             QoS::AtLeastOnce,
         )?;
-        assert!(wait(|| balance(&outbox) == run + 1));
+        assert!(wait_until(|| balance(&outbox) == run + 1));
         let status = relay.status()?;
         assert_eq!(status.commands_received, 1, "{status:?}");
         relay.shutdown()?;
@@ -234,7 +223,7 @@ fn retained_commands_when_kept_are_stored_once_across_resubscriptions_and_the_re
     )?;
     let relay = start(&outbox, config("first"))?;
     assert!(
-        wait(|| balance(&outbox) == 100),
+        wait_until(|| balance(&outbox) == 100),
         "the retained command was applied"
     );
     relay.shutdown()?;
@@ -249,7 +238,7 @@ fn retained_commands_when_kept_are_stored_once_across_resubscriptions_and_the_re
     for run in 0..2 {
         let relay = start(&outbox, config(&run.to_string()))?;
         assert!(
-            wait(|| relay.status().is_ok_and(|s| s.commands_duplicate >= 1)),
+            wait_until(|| relay.status().is_ok_and(|s| s.commands_duplicate >= 1)),
             "run {run}: the retained command was not sent again ({:?})",
             broker.kind()
         );
@@ -266,7 +255,7 @@ fn retained_commands_when_kept_are_stored_once_across_resubscriptions_and_the_re
         &command_bytes(MessageId::new_v7(), "acct", &1)?,
         QoS::AtLeastOnce,
     )?;
-    assert!(wait(|| balance(&outbox) == 101));
+    assert!(wait_until(|| balance(&outbox) == 101));
     relay.shutdown()?;
     std::thread::sleep(Duration::from_millis(5));
     outbox.prune()?;
@@ -383,7 +372,7 @@ fn malformed_deliveries_are_dead_lettered_with_a_reason_that_names_the_problem()
     messages.push((TOPIC, &good));
     publish_raw_many(broker.addr(), &messages, QoS::AtLeastOnce)?;
     assert!(
-        wait(|| balance(&outbox) == 3),
+        wait_until(|| balance(&outbox) == 3),
         "the good command behind them was applied"
     );
     let dead = outbox.dead_letters(100)?;

@@ -13,7 +13,7 @@ use edge_outbox::{ApplyOutcome, Command, Error, MessageId, Options, Outbox, Rela
 use rumqttc::QoS;
 use serde::{Deserialize, Serialize};
 use support::device::relay_config;
-use support::{Broker, WAIT, publish_raw_many};
+use support::{Broker, publish_raw_many, wait_until};
 
 #[derive(Debug, Serialize, Deserialize)]
 struct SetRate {
@@ -143,7 +143,7 @@ fn the_relay_counts_rejections_and_malformed_deliveries_in_its_status() -> TestR
         set_rate,
     )?;
     assert!(
-        wait(|| relay.status().is_ok_and(|s| s.commands_connected)),
+        wait_until(|| relay.status().is_ok_and(|s| s.commands_connected)),
         "command session ready"
     );
 
@@ -160,7 +160,7 @@ fn the_relay_counts_rejections_and_malformed_deliveries_in_its_status() -> TestR
         QoS::AtLeastOnce,
     )?;
     assert!(
-        wait(|| query_i64(&outbox, "SELECT count(*) FROM rate").is_ok_and(|n| n == 1)),
+        wait_until(|| query_i64(&outbox, "SELECT count(*) FROM rate").is_ok_and(|n| n == 1)),
         "the valid command behind the rejected one was applied"
     );
     let status = relay.status()?;
@@ -186,15 +186,4 @@ fn the_relay_counts_rejections_and_malformed_deliveries_in_its_status() -> TestR
     );
     relay.shutdown()?;
     Ok(())
-}
-
-fn wait(mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + WAIT;
-    while std::time::Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    false
 }

@@ -19,7 +19,7 @@ use common::{TestResult, command_bytes, query_i64, temp_db};
 use edge_outbox::{ApplyOutcome, Command, Error, MessageId, Options, Outbox, Relay, Tx};
 use support::child::{self, Child};
 use support::device::relay_config;
-use support::{Broker, WAIT};
+use support::{Broker, WAIT, wait_until};
 
 /// The application's busy timeout. Long, so a handler that did hold the write lock would make
 /// the application's commits fail with `Busy` (or hang on a mutex) rather than pass by luck.
@@ -44,17 +44,6 @@ fn effects(outbox: &Outbox, id: MessageId) -> TestResult<i64> {
             |r| r.get(0),
         )
     })?)
-}
-
-fn wait(mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + WAIT;
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    false
 }
 
 #[test]
@@ -116,7 +105,7 @@ fn the_application_commits_while_a_slow_handler_works_outside_the_transaction() 
     assert!(entered.is_empty() && !*timed_out.lock().map_err(|_| "poisoned")?);
     release.send(())?;
     assert!(
-        wait(|| effects(&outbox, id).is_ok_and(|n| n == 1)),
+        wait_until(|| effects(&outbox, id).is_ok_and(|n| n == 1)),
         "applied after the slow step"
     );
     assert!(
@@ -187,7 +176,10 @@ fn a_relay_handler_calling_the_applications_outbox_gets_an_error_for_writes_and_
     })?;
     let id = MessageId::new_v7();
     outbox.receive("cmd", &command_bytes(id, "k", &1)?)?;
-    assert!(wait(|| effects(&outbox, id).is_ok_and(|n| n == 1)), "applied");
+    assert!(
+        wait_until(|| effects(&outbox, id).is_ok_and(|n| n == 1)),
+        "applied"
+    );
     let seen = observed.lock().map_err(|_| "poisoned")?.clone();
     assert_eq!(seen.len(), 3, "{seen:?}");
     assert!(
@@ -356,7 +348,7 @@ fn shutdown_with_a_stuck_handler_names_the_command_and_a_restart_applies_it_once
     )?;
     // The default backoff after one failed attempt is 1 s.
     assert!(
-        wait(|| effects(&outbox, stuck).is_ok_and(|n| n == 1)),
+        wait_until(|| effects(&outbox, stuck).is_ok_and(|n| n == 1)),
         "applied after the restart"
     );
     relay.shutdown()?;

@@ -7,14 +7,13 @@ mod common;
 mod support;
 
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use common::{TestResult, python3, query_i64, temp_db};
 use edge_outbox::{Command as DeviceCommand, Envelope, Error, MessageId, Outbox, Relay, Tx};
 use rumqttc::QoS;
 use serde::Deserialize;
 use support::device::relay_config;
-use support::{Broker, WAIT, publish_raw};
+use support::{Broker, publish_raw, wait_until};
 
 const BIN: &str = env!("CARGO_BIN_EXE_edge-outbox");
 const FILTER: &str = "devices/pump-17/commands/#";
@@ -42,21 +41,10 @@ fn device(path: &std::path::Path, broker: &Broker, name: &str) -> TestResult<(Ou
             Ok::<_, Error>(())
         },
     )?;
-    if !wait(|| relay.status().is_ok_and(|s| s.commands_connected)) {
+    if !wait_until(|| relay.status().is_ok_and(|s| s.commands_connected)) {
         return Err("command session never subscribed".into());
     }
     Ok((outbox, relay))
-}
-
-fn wait(mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + WAIT;
-    while std::time::Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    false
 }
 
 fn cli(args: &[&str]) -> TestResult<std::process::Output> {
@@ -96,10 +84,10 @@ fn send_command_delivers_once_even_when_sent_twice_with_the_same_request_id() ->
         assert!(stdout.contains(&expected.to_string()), "{stdout}");
     }
     assert!(
-        wait(|| relay.status().is_ok_and(|s| s.commands_duplicate >= 1)),
+        wait_until(|| relay.status().is_ok_and(|s| s.commands_duplicate >= 1)),
         "the resend arrived"
     );
-    assert!(wait(
+    assert!(wait_until(
         || query_i64(&outbox, "SELECT count(*) FROM rates").is_ok_and(|n| n == 1)
     ));
     let (rate, event_type): (f64, String) = outbox.with_connection(|c| {
@@ -200,7 +188,7 @@ fn the_python_sender_of_the_docs_is_applied_by_the_device() -> TestResult {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     // Published as `mosquitto_pub -q 1 -s` would, the bytes unchanged.
     publish_raw(broker.addr(), TOPIC, &out.stdout, QoS::AtLeastOnce)?;
-    assert!(wait(
+    assert!(wait_until(
         || query_i64(&outbox, "SELECT count(*) FROM rates").is_ok_and(|n| n == 1)
     ));
     let (id, rate): (Vec<u8>, f64) = outbox.with_connection(|c| {
@@ -215,7 +203,7 @@ fn the_python_sender_of_the_docs_is_applied_by_the_device() -> TestResult {
 
     // The usual first try, JSON text: dead-lettered, and the operator's listing says why.
     publish_raw(broker.addr(), TOPIC, br#"{"set_rate": 12.5}"#, QoS::AtLeastOnce)?;
-    assert!(wait(|| outbox.stats().is_ok_and(|s| s.dead_letters == 1)));
+    assert!(wait_until(|| outbox.stats().is_ok_and(|s| s.dead_letters == 1)));
     let db = path.display().to_string();
     let out = cli(&["--db", &db, "dead-letters", "list"])?;
     let listing = String::from_utf8_lossy(&out.stdout);

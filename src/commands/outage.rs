@@ -57,3 +57,52 @@ impl Outage {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// Collects formatted log lines.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lines").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_session_that_stays_down_warns_once_then_summarises() {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let mut outage = Outage::default();
+            outage.on_connected();
+            for _ in 0..20 {
+                outage.on_disconnected("connection refused");
+            }
+            outage.on_connected();
+            outage.on_disconnected("connection reset");
+        });
+        let text = String::from_utf8(lines.0.lock().expect("lines").clone()).expect("utf-8");
+        let warns: Vec<&str> = text.lines().filter(|l| l.contains("WARN")).collect();
+        assert_eq!(warns.len(), 2, "one per outage:\n{text}");
+        assert!(warns[0].contains("command session disconnected"), "{text}");
+        let reconnected: Vec<&str> = text.lines().filter(|l| l.contains("reconnected")).collect();
+        assert_eq!(reconnected.len(), 1, "{text}");
+        assert!(reconnected[0].contains("failed_attempts=19"), "{text}");
+    }
+}

@@ -30,6 +30,19 @@ use std::time::Duration;
 /// when something is broken (waits return as soon as their condition holds).
 pub const WAIT: Duration = Duration::from_secs(45);
 
+/// Polls `cond` every few milliseconds until it holds (true) or [`WAIT`] has passed (false).
+pub fn wait_until(mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        // Conditions on another thread's or process's progress give no signal to wait on.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
 /// Prints why a test is skipped, in a form that is easy to grep for in CI logs (`SKIPPED:`).
 pub fn skip(test: &str, reason: &str) {
     eprintln!("SKIPPED: {test}: {reason}");
