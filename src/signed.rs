@@ -21,7 +21,7 @@
 //! (after its maximum age), remove the old key from the devices' configuration.
 
 use std::borrow::Cow;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use coset::cbor::value::Value;
 use coset::iana;
@@ -238,9 +238,7 @@ fn claims(header: &coset::Header) -> std::result::Result<(u64, u64), String> {
 }
 
 fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    u64::try_from(crate::time::now_ms() / 1000).unwrap_or(0)
 }
 
 /// Signs commands on the cloud side, with an Ed25519 key the devices trust under `key_id`.
