@@ -5,6 +5,8 @@
 //! mosquitto -p 1883 &                      # or any broker
 //! cargo run --example field_device -- 127.0.0.1:1883 /tmp/device.db
 //! mosquitto_sub -t 'sensors/#' -v          # watch the events (CBOR envelopes)
+//! edge-outbox send-command --broker mqtt://127.0.0.1:1883 --topic devices/pump-17/commands/interval \
+//!     --key pump-17 --payload 500            # sample every 500 ms
 //! ```
 //! Stop it with Ctrl-C; what was committed and not yet acknowledged is published next time.
 
@@ -39,9 +41,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let relay = Relay::start_with_handler(&outbox, config, |tx, cmd| {
         let interval_ms: i64 = cmd.payload_as()?;
         if !(100..=3_600_000).contains(&interval_ms) {
-            // A failing handler is retried with backoff, then dead-lettered.
-            return Err(Error::InvalidConfig(format!(
-                "interval {interval_ms} ms out of range"
+            // It can never work: rejected for good (dead-lettered at once, and the next command
+            // runs). Any other error is retried with backoff, then dead-lettered.
+            return Err(Error::reject(format!(
+                "interval {interval_ms} ms is out of range (100 ms to 1 h)"
             )));
         }
         tx.execute(

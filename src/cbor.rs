@@ -66,6 +66,20 @@ fn malformed(why: impl Into<String>) -> Error {
     Error::Decode(why.into())
 }
 
+/// What a major type is called in error messages: people read "a text string", not "type 3".
+pub(crate) fn kind(major: u8) -> &'static str {
+    match major {
+        UINT => "an unsigned integer",
+        NEGINT => "a negative integer",
+        BYTES => "a byte string",
+        TEXT => "a text string",
+        ARRAY => "an array",
+        MAP => "a map",
+        TAG => "a tag",
+        _ => "a float or simple value",
+    }
+}
+
 impl<'a> Reader<'a> {
     pub(crate) fn new(buf: &'a [u8]) -> Self {
         Reader { buf, pos: 0 }
@@ -73,6 +87,11 @@ impl<'a> Reader<'a> {
 
     pub(crate) fn position(&self) -> usize {
         self.pos
+    }
+
+    /// The input from byte `at` on (to read an item again another way).
+    pub(crate) fn remaining_from(&self, at: usize) -> &'a [u8] {
+        self.buf.get(at..).unwrap_or_default()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -130,8 +149,8 @@ impl<'a> Reader<'a> {
         let head = self.head()?;
         if head.major != TEXT {
             return Err(malformed(format!(
-                "expected text, found major type {}",
-                head.major
+                "expected a text string, found {}",
+                kind(head.major)
             )));
         }
         let n = self.length(head, "text")?;
@@ -142,8 +161,8 @@ impl<'a> Reader<'a> {
         let head = self.head()?;
         if head.major != BYTES {
             return Err(malformed(format!(
-                "expected bytes, found major type {}",
-                head.major
+                "expected a byte string, found {}",
+                kind(head.major)
             )));
         }
         let n = self.length(head, "byte string")?;
@@ -155,8 +174,8 @@ impl<'a> Reader<'a> {
         match (head.major, head.arg) {
             (UINT, Some(v)) => Ok(v),
             _ => Err(malformed(format!(
-                "expected unsigned integer, found major type {}",
-                head.major
+                "expected an unsigned integer, found {}",
+                kind(head.major)
             ))),
         }
     }
@@ -165,10 +184,7 @@ impl<'a> Reader<'a> {
     pub(crate) fn map_len(&mut self) -> Result<usize> {
         let head = self.head()?;
         if head.major != MAP {
-            return Err(malformed(format!(
-                "expected a map, found major type {}",
-                head.major
-            )));
+            return Err(malformed(format!("expected a map, found {}", kind(head.major))));
         }
         // Each pair takes at least two bytes, which bounds a hostile length.
         let n = head

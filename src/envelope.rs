@@ -5,6 +5,8 @@
 //! optional fields without breaking consumers.
 
 use std::borrow::Cow;
+use std::cell::Cell;
+use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
 
@@ -109,6 +111,41 @@ pub struct Envelope<'a> {
     pub payload: Cow<'a, [u8]>,
 }
 
+impl Envelope<'static> {
+    /// A command for a device, as a cloud-side sender in Rust builds it: `payload` serialised to
+    /// CBOR, `ts` set to now, no source, sequence number, type or headers (set the public fields
+    /// for those). Reuse the same `id` when you resend the command: the device's inbox applies
+    /// an id once. Commands with the same `key` are applied in the order they arrive.
+    ///
+    /// ```
+    /// use edge_outbox::{Envelope, MessageId};
+    ///
+    /// #[derive(serde::Serialize)]
+    /// struct SetRate {
+    ///     litres_per_min: f64,
+    /// }
+    ///
+    /// let id = MessageId::from_key("order-4711/set-rate"); // stable across the sender's retries
+    /// let mut command = Envelope::command(id, "pump-17", &SetRate { litres_per_min: 12.5 })?;
+    /// command.event_type = Some("SetRate.v1".into());
+    /// let bytes = command.encode(); // publish these on the device's command topic, QoS 1
+    /// assert_eq!(Envelope::decode(&bytes)?.id, id);
+    /// # Ok::<(), edge_outbox::Error>(())
+    /// ```
+    pub fn command<T: Serialize + ?Sized>(id: MessageId, key: &str, payload: &T) -> Result<Self> {
+        Ok(Envelope {
+            id,
+            source: Cow::Borrowed(""),
+            seq: 0,
+            key: Cow::Owned(key.to_owned()),
+            created_ms: u64::try_from(crate::time::now_ms()).unwrap_or(0),
+            event_type: None,
+            headers: Vec::new(),
+            payload: Cow::Owned(to_cbor(payload)?),
+        })
+    }
+}
+
 impl Envelope<'_> {
     /// Encodes the envelope, appending to `out`. The payload must be one well-formed CBOR item.
     pub fn encode_into(&self, out: &mut Vec<u8>) {
@@ -146,65 +183,176 @@ impl Envelope<'_> {
 
     /// Decodes an envelope. Requires `v`, `id` and `p`; every other field has a default. Fails
     /// with [`Error::Decode`] on anything else: bad CBOR, a wrong type, an unknown version,
-    /// duplicate keys, trailing bytes.
+    /// duplicate keys, trailing bytes. The message names the field at fault, and says so when the
+    /// bytes are JSON or plain text rather than CBOR.
+    ///
+    /// The work is linear in the input: each key is compared with the keys before it through a
+    /// hash set, never one by one, so a map of many unknown keys costs one pass.
     pub fn decode(bytes: &[u8]) -> Result<Envelope<'static>> {
-        let mut r = Reader::new(bytes);
-        let pairs = r.map_len()?;
-        let mut version = None;
-        let mut id = None;
-        let mut payload = None;
-        let mut env = Envelope {
-            id: MessageId([0; 16]),
-            source: Cow::Borrowed(""),
-            seq: 0,
-            key: Cow::Borrowed(""),
-            created_ms: 0,
-            event_type: None,
-            headers: Vec::new(),
-            payload: Cow::Borrowed(&[]),
-        };
-        let mut seen: Vec<&str> = Vec::with_capacity(pairs);
-        for _ in 0..pairs {
-            let k = r.text()?;
-            if seen.contains(&k) {
-                return Err(Error::Decode(format!("envelope key {k:?} appears twice")));
+        decode_counting(bytes, &Cell::new(0))
+    }
+}
+
+/// How many key comparisons [`Envelope::decode`] made on `bytes`: a measure of its work that
+/// tests can bound without timing it. Not part of the stable API.
+#[doc(hidden)]
+pub fn decode_key_comparisons(bytes: &[u8]) -> u64 {
+    let count = Cell::new(0);
+    let _ = decode_counting(bytes, &count);
+    count.get()
+}
+
+/// The envelope keys this version knows, in the order an encoder writes them.
+const KNOWN_KEYS: [&str; 9] = ["v", "id", "src", "seq", "key", "ts", "type", "hdr", "p"];
+
+/// A key in the duplicate check; equality counts into `comparisons`.
+struct SeenKey<'a, 'c> {
+    key: &'a str,
+    comparisons: &'c Cell<u64>,
+}
+
+impl PartialEq for SeenKey<'_, '_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.comparisons.set(self.comparisons.get() + 1);
+        self.key == other.key
+    }
+}
+
+impl Eq for SeenKey<'_, '_> {}
+
+impl std::hash::Hash for SeenKey<'_, '_> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.key.hash(state);
+    }
+}
+
+fn decode_counting(bytes: &[u8], comparisons: &Cell<u64>) -> Result<Envelope<'static>> {
+    let mut r = Reader::new(bytes);
+    let pairs = r.map_len().map_err(|e| not_an_envelope(bytes, e))?;
+    let mut version = None;
+    let mut id = None;
+    let mut payload = None;
+    let mut env = Envelope {
+        id: MessageId([0; 16]),
+        source: Cow::Borrowed(""),
+        seq: 0,
+        key: Cow::Borrowed(""),
+        created_ms: 0,
+        event_type: None,
+        headers: Vec::new(),
+        payload: Cow::Borrowed(&[]),
+    };
+    // Known keys are a bit each; unknown ones go through a hash set (randomly seeded, so a sender
+    // cannot pick keys that collide).
+    let mut known_seen = 0u16;
+    #[expect(
+        clippy::mutable_key_type,
+        reason = "the Cell only counts comparisons; it is not part of the hash or equality"
+    )]
+    let mut unknown_seen: HashSet<SeenKey<'_, '_>> = HashSet::new();
+    for _ in 0..pairs {
+        let k = r
+            .text()
+            .map_err(|e| Error::Decode(format!("an envelope key: {}", why(&e))))?;
+        let fresh = match KNOWN_KEYS.iter().position(|known| *known == k) {
+            Some(bit) => {
+                let fresh = known_seen & (1 << bit) == 0;
+                known_seen |= 1 << bit;
+                fresh
             }
-            seen.push(k);
-            match k {
-                "v" => version = Some(r.uint()?),
-                "id" => id = Some(MessageId::from_slice(r.bytes()?)?),
-                "src" => env.source = Cow::Owned(r.text()?.to_owned()),
-                "seq" => env.seq = r.uint()?,
-                "key" => env.key = Cow::Owned(r.text()?.to_owned()),
-                "ts" => env.created_ms = r.uint()?,
-                "type" => env.event_type = Some(Cow::Owned(r.text()?.to_owned())),
-                "hdr" => env.headers = decode_headers(&mut r)?,
-                "p" => payload = Some(r.item()?.to_vec()),
-                _ => {
-                    r.item()?;
-                }
+            None => unknown_seen.insert(SeenKey { key: k, comparisons }),
+        };
+        if !fresh {
+            return Err(Error::Decode(format!("envelope key {k:?} appears twice")));
+        }
+        let field = |e: Error| field_error(k, e);
+        match k {
+            "v" => version = Some(r.uint().map_err(field)?),
+            "id" => id = Some(decode_id(&mut r)?),
+            "src" => env.source = Cow::Owned(r.text().map_err(field)?.to_owned()),
+            "seq" => env.seq = r.uint().map_err(field)?,
+            "key" => env.key = Cow::Owned(r.text().map_err(field)?.to_owned()),
+            "ts" => env.created_ms = r.uint().map_err(field)?,
+            "type" => env.event_type = Some(Cow::Owned(r.text().map_err(field)?.to_owned())),
+            "hdr" => env.headers = decode_headers(&mut r).map_err(field)?,
+            "p" => payload = Some(r.item().map_err(field)?.to_vec()),
+            _ => {
+                r.item().map_err(field)?;
             }
         }
-        if !r.is_empty() {
+    }
+    if !r.is_empty() {
+        return Err(Error::Decode(format!(
+            "{} trailing bytes after the envelope",
+            bytes.len() - r.position()
+        )));
+    }
+    match version {
+        Some(ENVELOPE_VERSION) => {}
+        Some(v) => {
             return Err(Error::Decode(format!(
-                "{} trailing bytes after the envelope",
-                bytes.len() - r.position()
+                "envelope version {v} is not supported (this build reads {ENVELOPE_VERSION})"
             )));
         }
-        match version {
-            Some(ENVELOPE_VERSION) => {}
-            Some(v) => {
-                return Err(Error::Decode(format!(
-                    "envelope version {v} is not supported (this build reads {ENVELOPE_VERSION})"
-                )));
-            }
-            None => return Err(Error::Decode("envelope has no version (\"v\")".into())),
-        }
-        env.id = id.ok_or_else(|| Error::Decode("envelope has no message id (\"id\")".into()))?;
-        env.payload =
-            Cow::Owned(payload.ok_or_else(|| Error::Decode("envelope has no payload (\"p\")".into()))?);
-        Ok(env)
+        None => return Err(Error::Decode("envelope has no version (\"v\")".into())),
     }
+    env.id = id.ok_or_else(|| Error::Decode("envelope has no message id (\"id\")".into()))?;
+    env.payload = Cow::Owned(payload.ok_or_else(|| Error::Decode("envelope has no payload (\"p\")".into()))?);
+    Ok(env)
+}
+
+/// The `id` field, with the fix for the usual mistake: a UUID sent as text.
+fn decode_id(r: &mut Reader<'_>) -> Result<MessageId> {
+    let at = r.position();
+    match r.bytes() {
+        Ok(b) => MessageId::from_slice(b).map_err(|e| field_error("id", e)),
+        Err(e) => {
+            let mut again = Reader::new(r.remaining_from(at));
+            let hint = match again.text() {
+                Ok(t) if t.parse::<MessageId>().is_ok() => {
+                    " (this is a UUID as text: send its 16 bytes as a CBOR byte string)"
+                }
+                _ => " (16 bytes, e.g. a UUID's bytes)",
+            };
+            Err(Error::Decode(format!("envelope field \"id\": {}{hint}", why(&e))))
+        }
+    }
+}
+
+fn field_error(field: &str, e: Error) -> Error {
+    Error::Decode(format!("envelope field {field:?}: {}", why(&e)))
+}
+
+/// The reason inside a decode error, without the "malformed input" prefix of its display.
+fn why(e: &Error) -> String {
+    match e {
+        Error::Decode(why) => why.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Input whose first item is not a map: say what it looks like, since JSON text is the usual
+/// first try of someone sending a command by hand.
+fn not_an_envelope(bytes: &[u8], e: Error) -> Error {
+    let text = std::str::from_utf8(bytes).ok().map(str::trim);
+    let looks_like_json = text.is_some_and(|t| {
+        (t.starts_with('{') && t.ends_with('}')) || (t.starts_with('[') && t.ends_with(']'))
+    });
+    if looks_like_json {
+        return Error::Decode(
+            "this is JSON text; commands are CBOR envelopes (a map with v, id and p), see \
+             docs/wire-format.md, \"Sending a command\""
+                .into(),
+        );
+    }
+    if text.is_some_and(|t| !t.is_empty() && t.chars().all(|c| !c.is_control() || c.is_whitespace())) {
+        return Error::Decode(format!(
+            "this is plain text, not CBOR; commands are CBOR envelopes, see docs/wire-format.md \
+             ({})",
+            why(&e)
+        ));
+    }
+    Error::Decode(format!("not an envelope: {}", why(&e)))
 }
 
 /// The envelope's fields other than the payload, borrowed.

@@ -78,6 +78,31 @@ pub enum Error {
     NoDataDir,
     /// A background thread panicked. This is a bug in edge-outbox: please report it.
     Panicked(String),
+    /// A command handler refused a command for good: it is dead-lettered at once with this
+    /// reason, never retried, and the commands behind it run. Return it from a handler (see
+    /// [`Error::reject`]); [`Command::payload_as`](crate::Command::payload_as) returns it for a
+    /// payload that does not match the expected type, since decoding it again cannot succeed.
+    CommandRejected {
+        /// Why the command can never be applied.
+        reason: String,
+    },
+    /// A write (or [`Outbox::apply_next`](crate::Outbox::apply_next)) was called from inside a
+    /// command handler while the handler's transaction holds the database's write lock: it could
+    /// only wait for itself. Write through the handler's [`Tx`](crate::Tx) instead.
+    InsideCommandHandler {
+        /// The operation called, e.g. `"Outbox::transaction"`.
+        operation: &'static str,
+    },
+    /// [`Relay::shutdown`](crate::Relay::shutdown) gave up waiting for a command handler that
+    /// did not return within the shutdown timeout. Its thread was left running; the attempt was
+    /// counted before it started, so after a restart the command is retried (its effect commits
+    /// at most once) or, after the maximum attempts, dead-lettered.
+    HandlerStuck {
+        /// The command the handler was applying.
+        command: crate::MessageId,
+        /// How long it had been running.
+        running_for: std::time::Duration,
+    },
     /// A file-system operation failed.
     Io {
         /// What was being done, e.g. `"creating /data/outbox.db"`.
@@ -90,6 +115,19 @@ pub enum Error {
 }
 
 impl Error {
+    /// A permanent refusal for a command handler to return: the command is dead-lettered at once
+    /// with `reason` and never retried (see [`Error::CommandRejected`]).
+    ///
+    /// ```
+    /// let e = edge_outbox::Error::reject("set_rate must be a number");
+    /// assert!(matches!(e, edge_outbox::Error::CommandRejected { .. }));
+    /// ```
+    pub fn reject(reason: impl fmt::Display) -> Self {
+        Error::CommandRejected {
+            reason: reason.to_string(),
+        }
+    }
+
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         Error::Io {
             context: context.into(),
@@ -161,6 +199,21 @@ impl fmt::Display for Error {
             Error::Panicked(thread) => write!(
                 f,
                 "thread {thread} panicked (a bug in edge-outbox: please report it)"
+            ),
+            Error::CommandRejected { reason } => write!(
+                f,
+                "command rejected by its handler: {reason} (dead-lettered, not retried)"
+            ),
+            Error::InsideCommandHandler { operation } => write!(
+                f,
+                "{operation} was called from inside a command handler, whose transaction holds the \
+                 database's write lock: write through the handler's Tx, or do it after the handler"
+            ),
+            Error::HandlerStuck { command, running_for } => write!(
+                f,
+                "the command handler did not return within the shutdown timeout: it has been \
+                 applying command {command} for {running_for:.1?}; its thread was left running \
+                 (the attempt is counted: after a restart the command is retried or dead-lettered)"
             ),
             Error::Io { context, source } => write!(f, "{context}: {source}"),
             Error::Sqlite(e) => write!(f, "database error: {e}"),

@@ -15,6 +15,7 @@ pub const FAILPOINTS: &[&str] = &[
     "mid-mark",
     "command-stored-before-ack",
     "handler-mid-effect",
+    "attempt-claimed",
     "relay-loop",
 ];
 

@@ -25,6 +25,72 @@
 //!
 //! The tables are also a documented SQL interface (`docs/schema.md`): any process that speaks
 //! SQLite can enqueue by inserting `(topic, key, payload)` into `outbox`.
+//!
+//! # Commands
+//!
+//! A relay with [`RelayConfig::commands`] stores each command it receives in the inbox and
+//! acknowledges it; a handler applies it: [`Relay::start_with_handler`] (a thread of the relay),
+//! or [`Outbox::apply_next`] from a loop of your own. Applying never holds the application's
+//! write path:
+//!
+//! 1. the attempt is **claimed** in a small committed transaction before any handler code runs, so
+//!    a handler that takes the process down (abort, out of memory, a watchdog) is counted, and
+//!    after [`Options::max_attempts`] the command is dead-lettered as "handler did not return"
+//!    instead of crash-looping the device;
+//! 2. the handler runs on a **connection of its own**, in a write transaction that lasts as long
+//!    as the handler: its database effect and the applied mark commit together, **exactly once**.
+//!
+//! Slow work (moving hardware, calling a service) does not belong in that transaction, which
+//! holds SQLite's single write lock. A **two-phase handler** does it first, with no transaction
+//! open, then records its effect: [`Relay::start_with_two_phase_handler`],
+//! [`Outbox::apply_next_two_phase`]. The database effect stays exactly-once; the outside step is
+//! **at least once** (a crash between the two runs it again), so make it idempotent, keyed on
+//! [`Command::id`].
+//!
+//! ```
+//! use edge_outbox::{ApplyOutcome, Envelope, Error, MessageId, Outbox};
+//!
+//! # let dir = tempfile::tempdir().expect("temp dir");
+//! let outbox = Outbox::open(dir.path().join("device.db"))?;
+//! outbox.with_connection(|c| c.execute_batch("CREATE TABLE valve (position INTEGER)"))?;
+//! let id = MessageId::new_v7();
+//! outbox.receive("valves/v1/set", &Envelope::command(id, "valve-1", &40)?.encode())?;
+//!
+//! let outcome = outbox.apply_next_two_phase(
+//!     |cmd| {
+//!         let target: i64 = cmd.payload_as()?; // a payload of the wrong type: rejected for good
+//!         if !(0..=100).contains(&target) {
+//!             return Err(Error::reject(format!("position {target} is out of range")));
+//!         }
+//!         // valve.move_to(target, idempotency_key = cmd.id)  -- seconds, outside any transaction
+//!         Ok(target)
+//!     },
+//!     |tx, _cmd, reached| {
+//!         tx.execute("INSERT INTO valve VALUES (?1)", [reached])?; // exactly once
+//!         Ok::<_, Error>(())
+//!     },
+//! )?;
+//! assert_eq!(outcome, ApplyOutcome::Applied { id, published: 0 });
+//! # Ok::<(), edge_outbox::Error>(())
+//! ```
+//!
+//! A handler error is retried with backoff, then dead-lettered; [`Error::reject`] (and a payload
+//! that does not match [`Command::payload_as`]'s type) dead-letters at once, and the next command
+//! of the key runs. Inside a handler's database step, writes through the application's
+//! [`Outbox`] fail at once with [`Error::InsideCommandHandler`] (the step holds the write lock);
+//! reads work. [`Relay::shutdown`] waits for a running handler only up to the shutdown timeout.
+//!
+//! Cloud-side senders build commands with [`Envelope::command`] and publish them with
+//! [`send_command`] (or `edge-outbox send-command`); `docs/wire-format.md` ("Sending a command")
+//! describes the format for other languages.
+//!
+//! # Features
+//!
+//! - `cli`: the `edge-outbox` command-line tool.
+//! - `demo`: `edge-outbox demo`, with an in-process broker.
+//! - `signed-commands`: the device applies only commands signed (COSE_Sign1, Ed25519) by a key
+//!   it trusts ([`Options::trusted_command_keys`], [`TrustedKeys`], [`CommandSigner`]).
+//! - `failpoints`: named crash points for the crash tests; never in production builds.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -40,14 +106,19 @@ mod mqtt;
 #[doc(hidden)]
 pub mod mutant;
 mod relay;
+#[cfg(feature = "signed-commands")]
+mod signed;
 mod store;
 mod time;
 mod topic;
 
+pub use commands::send_command;
 pub use envelope::{Envelope, MessageId};
 pub use error::{Error, Result};
 pub use mqtt::{MqttConfig, Protocol, TlsConfig};
 pub use relay::{Relay, RelayConfig, Status};
+#[cfg(feature = "signed-commands")]
+pub use signed::{CommandSigner, TrustedKeys};
 pub use store::{
     ApplyOutcome, Command, Committed, DeadLetter, Limits, Message, OnFull, Options, Origin, Outbox, Received,
     SCHEMA_VERSION, Stats, Synchronous, Tx, default_path, enqueue, schema_version,

@@ -4,12 +4,10 @@
 
 mod support;
 
-use std::time::Duration;
-
 use edge_outbox::{Envelope, MessageId, Outbox, Relay, RelayConfig};
 use rumqttc::QoS;
 use support::device::{open_device, relay_config};
-use support::{Broker, Subscriber, WAIT, publish_raw, publish_raw_many};
+use support::{Broker, Subscriber, WAIT, publish_raw, publish_raw_many, wait_until};
 
 const FILTER: &str = "devices/d1/commands/#";
 const TOPIC: &str = "devices/d1/commands/credit";
@@ -55,7 +53,7 @@ fn start(outbox: &Outbox, config: RelayConfig) -> Relay {
     })
     .expect("relay");
     assert!(
-        wait(|| relay.status().expect("status").commands_connected),
+        wait_until(|| relay.status().expect("status").commands_connected),
         "command session ready"
     );
     relay
@@ -65,17 +63,6 @@ fn balance(outbox: &Outbox) -> i64 {
     outbox
         .with_connection(|c| c.query_row("SELECT credits FROM balance", [], |r| r.get(0)))
         .expect("balance")
-}
-
-fn wait(mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + WAIT;
-    while std::time::Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    false
 }
 
 #[test]
@@ -90,11 +77,11 @@ fn a_redelivered_command_is_applied_once() {
     publish_raw(broker.addr(), TOPIC, &bytes, QoS::AtLeastOnce).expect("first delivery");
     publish_raw(broker.addr(), TOPIC, &bytes, QoS::AtLeastOnce).expect("second delivery");
     assert!(
-        wait(|| relay.status().expect("status").commands_duplicate >= 1),
+        wait_until(|| relay.status().expect("status").commands_duplicate >= 1),
         "duplicate seen"
     );
     assert!(
-        wait(|| relay.status().expect("status").commands_applied >= 1),
+        wait_until(|| relay.status().expect("status").commands_applied >= 1),
         "applied"
     );
     assert!(receipts.wait_for(1, WAIT), "receipt published with the effect");
@@ -125,7 +112,7 @@ fn a_command_sent_while_the_device_is_offline_is_applied_when_it_reconnects() {
 
     let relay = start(&outbox, relay_config(broker.addr(), "cmd-offline"));
     assert!(
-        wait(|| balance(&outbox) == 25),
+        wait_until(|| balance(&outbox) == 25),
         "queued command applied after reconnect ({:?})",
         broker.kind()
     );
@@ -148,7 +135,7 @@ fn malformed_command_bytes_are_acknowledged_and_dead_lettered_without_stopping_t
     ];
     publish_raw_many(broker.addr(), &messages, QoS::AtLeastOnce).expect("publish");
     assert!(
-        wait(|| balance(&outbox) == 7),
+        wait_until(|| balance(&outbox) == 7),
         "the good command behind the bad ones was applied"
     );
     let dead = outbox.dead_letters(10).expect("dead letters");
@@ -160,7 +147,7 @@ fn malformed_command_bytes_are_acknowledged_and_dead_lettered_without_stopping_t
     // They were acknowledged: a new session gets no redelivery, so no new dead letters.
     let relay = start(&outbox, relay_config(broker.addr(), "cmd-bad"));
     publish_raw(broker.addr(), TOPIC, &command(1), QoS::AtLeastOnce).expect("publish");
-    assert!(wait(|| balance(&outbox) == 8));
+    assert!(wait_until(|| balance(&outbox) == 8));
     assert_eq!(outbox.dead_letters(10).expect("dead letters").len(), 3);
     relay.shutdown().expect("shutdown");
 }

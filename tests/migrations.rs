@@ -258,3 +258,50 @@ fn opening_an_up_to_date_file_takes_no_write_lock() {
     assert_eq!(reopened.stats().expect("stats").pending_messages, 0);
     writer.execute_batch("COMMIT").expect("commit");
 }
+
+/// A file written by version 1 (no attempt claims, no retained flag) is migrated in place when a
+/// version 2 build opens it: its commands keep their ids, attempts and errors, and are applied.
+#[test]
+fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    let pending = edge_outbox::MessageId::new_v7();
+    {
+        let outbox = Outbox::open(&path)?;
+        outbox.receive("cmd", &common::command_bytes(pending, "k", &3)?)?;
+        drop(outbox);
+        // Back to what version 1 wrote, as an older build left the file.
+        let conn = rusqlite::Connection::open(&path)?;
+        conn.execute_batch(
+            "DROP INDEX inbox_claimed;
+             DROP INDEX inbox_retained;
+             ALTER TABLE inbox DROP COLUMN attempt_started_at;
+             ALTER TABLE inbox DROP COLUMN claimed_by;
+             ALTER TABLE inbox DROP COLUMN retained;
+             UPDATE inbox SET attempts = 1, last_error = 'sensor busy';
+             UPDATE edge_outbox_meta SET value = 1 WHERE name = 'schema_version';",
+        )?;
+    }
+    let outbox = Outbox::open(&path)?;
+    assert_eq!(schema_version(&outbox)?, SCHEMA_VERSION);
+    assert_eq!(
+        query_i64(
+            &outbox,
+            "SELECT count(*) FROM inbox WHERE attempts = 1 AND last_error = 'sensor busy'
+               AND attempt_started_at IS NULL AND claimed_by IS NULL AND retained = 0"
+        )?,
+        1
+    );
+    let outcome = outbox.apply_next(|_tx, cmd| {
+        assert_eq!((cmd.id, cmd.attempts), (pending, 1));
+        Ok::<_, Error>(())
+    })?;
+    assert_eq!(
+        outcome,
+        edge_outbox::ApplyOutcome::Applied {
+            id: pending,
+            published: 0
+        }
+    );
+    assert_eq!(query_i64(&outbox, "SELECT attempts FROM inbox")?, 2);
+    Ok(())
+}

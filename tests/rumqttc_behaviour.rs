@@ -2,8 +2,11 @@
 //! one fails here instead of losing messages. rumqttc is pinned to `=0.25.1` in Cargo.toml; bump
 //! it only with these passing (and read DESIGN.md's "rumqttc facts" again).
 //!
-//! Each test drives a bare rumqttc client (3.1.1 and 5) against the test broker, through the
-//! MQTT-aware proxy where the broker must misbehave.
+//! Each test drives a bare rumqttc client (3.1.1 and 5) against a broker, through the
+//! MQTT-aware proxy where the broker must misbehave. These tests are about the client, so they
+//! take mosquitto when it is installed, whatever `EDGE_OUTBOX_BROKER` says: rumqttd 0.20 now and
+//! then aborts one of these connections under load (seen here in one run of three of this file,
+//! MQTT 5, with nothing in its log), which would read as a change in rumqttc.
 
 mod support;
 
@@ -12,6 +15,17 @@ use std::time::{Duration, Instant};
 
 use rumqttc::v5::mqttbytes::v5 as v5p;
 use support::{Broker, BrokerKind, MqttProxy, WAIT};
+
+/// mosquitto if installed, else the environment's broker (see the module docs).
+fn client_test_broker() -> Broker {
+    let builder = Broker::builder();
+    let builder = if support::broker::mosquitto_path().is_some() {
+        builder.kind(BrokerKind::Mosquitto)
+    } else {
+        builder
+    };
+    builder.start().expect("broker")
+}
 
 /// What a client saw, in order, reduced to what the relay acts on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,7 +128,7 @@ fn count(seen: &[Seen], f: impl Fn(&Seen) -> bool) -> usize {
 /// wire (the proxy records each PUBLISH with its packet id and payload).
 #[test]
 fn publish_events_come_in_request_order_with_ids_cycling_up_to_the_inflight_limit() {
-    let broker = Broker::start().expect("broker");
+    let broker = client_test_broker();
     for v5 in [false, true] {
         let proxy = MqttProxy::start(broker.addr()).expect("proxy");
         proxy.record_publishes(true);
@@ -171,7 +185,7 @@ fn publish_events_come_in_request_order_with_ids_cycling_up_to_the_inflight_limi
 /// once that id's PUBACK arrives.
 #[test]
 fn a_collision_is_reported_as_await_ack_then_published_after_the_ack() {
-    let broker = Broker::start().expect("broker");
+    let broker = client_test_broker();
     for v5 in [false, true] {
         let proxy = MqttProxy::start(broker.addr()).expect("proxy");
         proxy.hold_pubacks(1);
@@ -181,8 +195,11 @@ fn a_collision_is_reported_as_await_ack_then_published_after_the_ack() {
                 if want_await {
                     s.contains(&Seen::AwaitAck(1))
                 } else {
-                    // The held PUBACK of id 1, then the one of the request sent with id 1 again.
-                    count(s, |x| matches!(x, Seen::PubAck { .. })) >= 2
+                    // The request sent with id 1 again, once the held PUBACK of id 1 freed it, and
+                    // its own PUBACK. (Others, such as id 3's, may come before or after.)
+                    s.iter()
+                        .position(|x| *x == Seen::Publish(1))
+                        .is_some_and(|at| s[at..].iter().any(|x| matches!(x, Seen::PubAck { pkid: 1, .. })))
                 }
             });
             seen.extend(got);
@@ -250,7 +267,7 @@ fn a_collision_is_reported_as_await_ack_then_published_after_the_ack() {
 /// connection stays up and later publishes are acknowledged.
 #[test]
 fn mqtt5_a_refusing_puback_is_an_event_with_its_reason_and_the_connection_stays() {
-    let broker = Broker::start().expect("broker");
+    let broker = client_test_broker();
     let proxy = MqttProxy::start(broker.addr()).expect("proxy");
     proxy.answer_pubacks_with(1, 0x87);
     let (client, mut conn) = v5_client(proxy.addr(), "refused-v5", 10);
@@ -289,7 +306,7 @@ fn mqtt5_a_refusing_puback_is_an_event_with_its_reason_and_the_connection_stays(
 /// relay reads as "the broker refused the oldest message in flight".
 #[test]
 fn mqtt5_a_puback_code_rumqttc_cannot_parse_fails_the_connection_with_the_code() {
-    let broker = Broker::start().expect("broker");
+    let broker = client_test_broker();
     let proxy = MqttProxy::start(broker.addr()).expect("proxy");
     proxy.answer_pubacks_with(1, 0x95);
     let (client, mut conn) = v5_client(proxy.addr(), "unparsable-v5", 10);
@@ -341,7 +358,7 @@ fn mqtt5_connack_limits_reach_the_application() {
 /// PUBACK is seen, and no error.
 #[test]
 fn recv_timeout_on_a_connected_session_loses_no_event() {
-    let broker = Broker::start().expect("broker");
+    let broker = client_test_broker();
     for v5 in [false, true] {
         let n = 500;
         let seen = if v5 {
@@ -382,19 +399,16 @@ fn recv_timeout_on_a_connected_session_loses_no_event() {
                 |s| count(s, |x| matches!(x, Seen::PubAck { .. })) >= n,
             )
         };
+        let errors: Vec<&Seen> = seen.iter().filter(|s| matches!(s, Seen::Error(_))).collect();
+        assert!(errors.is_empty(), "v5={v5}: {errors:?}");
         assert_eq!(count(&seen, |s| matches!(s, Seen::Publish(_))), n, "v5={v5}");
-        assert_eq!(
-            count(&seen, |s| matches!(s, Seen::Error(_))),
-            0,
-            "v5={v5}: {seen:?}"
-        );
     }
 }
 
 /// A requested DISCONNECT is reported as `Outgoing::Disconnect` (the driver ends a session on it).
 #[test]
 fn a_disconnect_request_is_reported_as_outgoing_disconnect() {
-    let broker = Broker::start().expect("broker");
+    let broker = client_test_broker();
     let (client, mut conn) = v5_client(broker.addr(), "bye-v5", 10);
     let _ = collect(
         || conn.recv().ok().and_then(seen_v5),

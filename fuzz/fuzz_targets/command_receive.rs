@@ -1,6 +1,7 @@
 //! Any bytes on any topic arriving as a command: `receive` stores, recognises a duplicate or
 //! dead-letters with a reason; it never panics and never loses the bytes; and applying what was
-//! stored never panics either.
+//! stored never panics either. The corpus holds valid envelopes with ids
+//! (`valid-envelope-*`), so mutations start from inputs that reach the apply path.
 #![no_main]
 
 use std::sync::OnceLock;
@@ -27,7 +28,11 @@ fuzz_target!(|input: (String, Vec<u8>)| {
     match outbox.receive(&topic, &bytes).expect("receive never fails on input") {
         Received::Stored(_) => {
             assert_eq!(outbox.stats().expect("stats").inbox_unapplied, before.inbox_unapplied + 1);
-            let _ = outbox.apply_next(|_tx, cmd| cmd.payload_as::<u64>().map(drop));
+            // Claim, act (a payload that is not a u64 is rejected for good), record.
+            let _ = outbox.apply_next_two_phase(
+                |cmd| cmd.payload_as::<u64>(),
+                |_tx, _cmd, _n| Ok::<_, edge_outbox::Error>(()),
+            );
         }
         Received::Duplicate(_) => {}
         Received::DeadLettered { reason, .. } => {

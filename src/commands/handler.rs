@@ -1,17 +1,63 @@
 //! The handler thread: applies stored commands one at a time, woken when one arrives.
+//!
+//! It has its own connection and never touches the application's: the write lock is held only
+//! while the handler's database step runs (see `store::apply`), so the application keeps
+//! committing while a two-phase handler's outside step is slow.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, TryRecvError, select};
+use rusqlite::Connection;
 
 use crate::error::Result;
 use crate::mqtt::backoff::Backoff;
 use crate::mqtt::status::StatusCell;
-use crate::store::{ApplyOutcome, Command, Outbox, Tx};
+use crate::store::{
+    Applier, ApplyOutcome, Command, Outbox, RELAY_OWNER, Tx, connect, recover_relay_attempts, run_next,
+};
 
-/// A command handler: the effect of one command, run in the transaction that marks it applied.
-pub(crate) type Handler = Box<dyn FnMut(&mut Tx<'_>, &Command) -> std::result::Result<(), String> + Send>;
+/// A command handler as the thread runs it: one claim, act, record cycle on its connection.
+pub(crate) trait Apply: Send {
+    fn apply_next(
+        &mut self,
+        conn: &mut Connection,
+        applier: &Applier<'_>,
+        on_claim: &mut dyn FnMut(&Command),
+    ) -> Result<(ApplyOutcome, u64)>;
+}
+
+/// A handler as the user gave it: `act` outside any transaction (a no-op for one-phase handlers),
+/// `record` in the transaction that marks the command applied.
+pub(crate) struct TwoPhase<A, R> {
+    pub act: A,
+    pub record: R,
+}
+
+impl<P, EA, ER, A, R> Apply for TwoPhase<A, R>
+where
+    A: FnMut(&Command) -> std::result::Result<P, EA> + Send,
+    EA: std::fmt::Display + 'static,
+    R: FnMut(&mut Tx<'_>, &Command, P) -> std::result::Result<(), ER> + Send,
+    ER: std::fmt::Display + 'static,
+{
+    fn apply_next(
+        &mut self,
+        conn: &mut Connection,
+        applier: &Applier<'_>,
+        on_claim: &mut dyn FnMut(&Command),
+    ) -> Result<(ApplyOutcome, u64)> {
+        run_next(
+            conn,
+            applier,
+            on_claim,
+            |cmd| (self.act)(cmd),
+            |tx, cmd, p| (self.record)(tx, cmd, p),
+        )
+    }
+}
+
+pub(crate) type Handler = Box<dyn Apply>;
 
 /// Commands stored by another process are noticed within this interval.
 const SAFETY_POLL: Duration = Duration::from_secs(1);
@@ -23,19 +69,43 @@ pub(crate) fn run_handler(
     stop: Receiver<()>,
     status: Arc<StatusCell>,
 ) -> Result<()> {
+    let options = outbox.options().clone();
+    let applier = Applier {
+        options: &options,
+        owner: RELAY_OWNER,
+        path: outbox.canonical_path(),
+    };
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+    let mut conn: Option<Connection> = None;
     loop {
         if stop.try_recv() != Err(TryRecvError::Empty) {
             return Ok(());
         }
-        let wait = match outbox.apply_next(|tx, cmd| handler(tx, cmd)) {
-            Ok(ApplyOutcome::Idle { next_due }) => next_due.map_or(SAFETY_POLL, |d| d.min(SAFETY_POLL)),
-            Ok(outcome) => {
-                if matches!(outcome, ApplyOutcome::Applied { .. }) {
-                    status.on_applied();
+        let step = ready(&mut conn, &outbox, &status).and_then(|conn| {
+            handler.apply_next(conn, &applier, &mut |cmd| status.set_applying(Some(cmd.id)))
+        });
+        status.set_applying(None);
+        let wait = match step {
+            Ok((outcome, recovered_dead)) => {
+                status.on_commands_dead_lettered(recovered_dead);
+                match outcome {
+                    ApplyOutcome::Idle { next_due } => next_due.map_or(SAFETY_POLL, |d| d.min(SAFETY_POLL)),
+                    outcome => {
+                        match &outcome {
+                            ApplyOutcome::Applied { published, .. } => {
+                                status.on_applied();
+                                if *published > 0 {
+                                    outbox.wake_relay();
+                                }
+                            }
+                            ApplyOutcome::Rejected { .. } => status.on_rejected(),
+                            ApplyOutcome::DeadLettered { .. } => status.on_commands_dead_lettered(1),
+                            _ => {}
+                        }
+                        backoff.reset();
+                        continue;
+                    }
                 }
-                backoff.reset();
-                continue;
             }
             Err(e) => {
                 tracing::error!(error = %e, "applying commands failed; retrying");
@@ -49,4 +119,21 @@ pub(crate) fn run_handler(
             default(wait) => {}
         }
     }
+}
+
+/// The thread's connection, opened on first use (and after a failure to open), after recovering
+/// the attempts a previous relay's handler left running: the relay lock says it is gone.
+fn ready<'c>(
+    conn: &'c mut Option<Connection>,
+    outbox: &Outbox,
+    status: &StatusCell,
+) -> Result<&'c mut Connection> {
+    if conn.is_none() {
+        let mut opened = connect(outbox.path(), outbox.options())?;
+        let dead = recover_relay_attempts(&mut opened, outbox.options())?;
+        status.on_commands_dead_lettered(dead);
+        *conn = Some(opened);
+    }
+    conn.as_mut()
+        .ok_or_else(|| crate::Error::Panicked("edge-outbox-handler (no connection)".into()))
 }

@@ -10,22 +10,24 @@
 //!
 //! A subscription the broker refuses (an ACL, a filter it does not support) is an error the
 //! operator sees, in the log and in [`Status::last_error`](crate::Status::last_error), not a
-//! silent absence of commands. A delivery of any size is taken (the client accepts up to MQTT's
-//! limit) and one above the inbox's payload limit is dead-lettered and acknowledged, so it
-//! cannot wedge the session by being redelivered forever.
+//! silent absence of commands. A delivery up to the read limit is taken, one above the delivery
+//! limit is dead-lettered (without its bytes) and acknowledged, so it cannot wedge the session by
+//! being redelivered forever; retained deliveries are ignored unless asked for (see
+//! [`super::delivery`]).
 
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::Connection;
 
+use super::delivery::{self, DeliveryLimits, Handled};
 use crate::error::Result;
 use crate::mqtt::backoff::Backoff;
 use crate::mqtt::driver::{Driver, Flow, SessionHandle, Signal};
 use crate::mqtt::event::{Cause, CauseKind, Delivery, Event, SubResult, reason_name};
 use crate::mqtt::status::StatusCell;
 use crate::mqtt::{MqttClient, SessionOptions};
-use crate::store::{Options, Received, inbox_receive};
+use crate::store::{Options, Received};
 
 pub(crate) struct CommandSession {
     pub conn: Connection,
@@ -38,6 +40,7 @@ pub(crate) struct CommandSession {
     pub stop: Receiver<()>,
     pub status: Arc<StatusCell>,
     pub backoff: Backoff,
+    pub limits: DeliveryLimits,
 }
 
 impl CommandSession {
@@ -53,13 +56,15 @@ impl CommandSession {
             stop,
             status,
             backoff,
+            limits,
         } = self;
         let mut store_backoff = backoff.clone();
         let mut client: Option<MqttClient> = None;
         let mut unstored: Vec<Box<Delivery>> = Vec::new();
         let mut store = |delivery: &Delivery| -> Result<Flow> {
+            let (topic, retain) = (delivery.topic.as_str(), delivery.retain);
             let received = loop {
-                match inbox_receive(&conn, &options, &delivery.topic, &delivery.payload) {
+                match delivery::handle(&conn, &options, limits, topic, &delivery.payload, retain) {
                     Ok(r) => break r,
                     Err(e) => {
                         tracing::error!(error = %e, topic = %delivery.topic, "could not store a command; retrying");
@@ -75,16 +80,20 @@ impl CommandSession {
             };
             store_backoff.reset();
             match &received {
-                Received::Stored(id) => {
+                Handled::Received(Received::Stored(id)) => {
                     tracing::debug!(%id, topic = %delivery.topic, "command stored");
                     status.on_command(false);
                     let _ = arrivals.try_send(());
                 }
-                Received::Duplicate(id) => {
+                Handled::Received(Received::Duplicate(id)) => {
                     tracing::debug!(%id, "duplicate command delivery ignored");
                     status.on_command(true);
                 }
-                Received::DeadLettered { .. } => {}
+                Handled::Received(Received::DeadLettered { .. }) => status.on_malformed(),
+                Handled::IgnoredRetained => {
+                    tracing::info!(topic = %delivery.topic, "retained command delivery ignored");
+                    status.on_retained_ignored();
+                }
             }
             Ok(Flow::Continue)
         };

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5 as v5p;
 use rumqttc::{QoS, TlsConfiguration, Transport};
 
-use super::config::{MqttConfig, PROTOCOL_MAX_PACKET, Protocol};
+use super::config::{MqttConfig, Protocol};
 use super::event::{self, Cause, Delivery, RawPublish, Step};
 use crate::error::{Error, Result};
 
@@ -20,9 +20,10 @@ pub(crate) enum Role {
     /// The relay's publishing session: clean, the status topic's last will, at most this many
     /// publishes in flight.
     Publisher { max_in_flight: u16 },
-    /// The command session: persistent, manual acks, any incoming size (the inbox dead-letters
-    /// what is above its limit, so an oversized command never wedges the session).
-    Commands,
+    /// The command session: persistent, manual acks, incoming packets up to `read_limit` (the
+    /// inbox dead-letters what is above its own, smaller, limit, so an oversized command never
+    /// wedges the session).
+    Commands { read_limit: usize },
 }
 
 /// Validated rumqttc options for one session, cloned into a new client for each connection.
@@ -32,6 +33,8 @@ pub(crate) struct SessionOptions {
     options: Options,
     request_capacity: usize,
     connect_secs: u64,
+    /// The command session: TCP_NODELAY for its acks.
+    commands: bool,
 }
 
 #[derive(Clone)]
@@ -57,7 +60,11 @@ impl SessionOptions {
             // Room for the whole window plus the status message and a disconnect, so a
             // non-blocking publish never fails for lack of room while the connection is up.
             Role::Publisher { max_in_flight } => usize::from(max_in_flight) + 16,
-            Role::Commands => 1024,
+            // Room for an ack per delivery the broker can have unacknowledged on one connection
+            // (packet ids are 16 bits): rumqttc sends one queued request per turn of its loop but
+            // reads up to ten packets in one, so acks queue up while a backlog streams in, and a
+            // full channel would force a reconnect (and the broker to start over).
+            Role::Commands { .. } => usize::from(u16::MAX) + 16,
         };
         let options = match config.version() {
             Protocol::V311 => {
@@ -78,8 +85,8 @@ impl SessionOptions {
                             o.set_last_will(rumqttc::LastWill::new(topic, "offline", QoS::AtLeastOnce, true));
                         }
                     }
-                    Role::Commands => {
-                        o.set_max_packet_size(PROTOCOL_MAX_PACKET, config.packet_limit())
+                    Role::Commands { read_limit } => {
+                        o.set_max_packet_size(read_limit, config.packet_limit())
                             .set_manual_acks(true);
                     }
                 }
@@ -125,13 +132,16 @@ impl SessionOptions {
                             ));
                         }
                     }
-                    Role::Commands => {
+                    Role::Commands { read_limit } => {
                         // A persistent session under MQTT 5 needs an expiry: without one it ends
                         // with the connection and the broker keeps nothing while we are offline.
                         // u32::MAX: never expires, as a 3.1.1 persistent session.
                         o.set_session_expiry_interval(Some(u32::MAX))
-                            .set_max_packet_size(Some(packet_u32(PROTOCOL_MAX_PACKET)))
+                            .set_max_packet_size(Some(packet_u32(read_limit)))
                             .set_manual_acks(true);
+                        let mut net = o.network_options();
+                        net.set_tcp_nodelay(true);
+                        o.set_network_options(net);
                     }
                 }
                 Options::V5(Box::new(o))
@@ -142,6 +152,7 @@ impl SessionOptions {
             options,
             request_capacity,
             connect_secs,
+            commands: matches!(role, Role::Commands { .. }),
         })
     }
 
@@ -167,6 +178,9 @@ impl SessionOptions {
                 // 3.1.1 keeps the connect timeout with the event loop, not the options.
                 let mut net = connection.eventloop.network_options();
                 net.set_connection_timeout(self.connect_secs);
+                // Acks are tiny and each one lets the broker send the next command: Nagle would
+                // hold them back waiting for the broker's TCP ack, stalling a backlog.
+                net.set_tcp_nodelay(self.commands);
                 connection.eventloop.set_network_options(net);
                 (MqttClient::V4(client), Connection::V4(Box::new(connection)))
             }

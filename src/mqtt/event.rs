@@ -154,6 +154,8 @@ pub(crate) enum SubResult {
 pub(crate) struct Delivery {
     pub topic: String,
     pub payload: Bytes,
+    /// The broker sends it because it was retained (again at every subscription).
+    pub retain: bool,
     pub(crate) raw: RawPublish,
 }
 
@@ -234,6 +236,7 @@ pub(crate) fn from_v4(event: rumqttc::Event) -> Step {
         E::Incoming(P::Publish(p)) => Event::Delivery(Box::new(Delivery {
             topic: p.topic.clone(),
             payload: p.payload.clone(),
+            retain: p.retain,
             raw: RawPublish::V4(p),
         })),
         E::Incoming(P::SubAck(ack)) => Event::SubAck(
@@ -279,6 +282,7 @@ pub(crate) fn from_v5(event: rumqttc::v5::Event) -> Step {
         E::Incoming(P::Publish(p)) => Event::Delivery(Box::new(Delivery {
             topic: String::from_utf8_lossy(&p.topic).into_owned(),
             payload: p.payload.clone(),
+            retain: p.retain,
             raw: RawPublish::V5(p),
         })),
         E::Incoming(P::SubAck(ack)) => Event::SubAck(

@@ -13,6 +13,6 @@ mod tls;
 pub(crate) mod tracker;
 
 pub(crate) use aliases::Aliases;
-pub(crate) use client::{MqttClient, Role, SessionOptions};
+pub(crate) use client::{MqttClient, Recv, Role, SessionOptions};
 pub use config::{MqttConfig, Protocol};
 pub use tls::TlsConfig;

@@ -1,9 +1,11 @@
 //! What a running relay reports about itself.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::event::Granted;
+use crate::envelope::MessageId;
 use crate::store::Stats;
 
 /// A snapshot of a running relay and its store. See [`Relay::status`](crate::Relay::status).
@@ -51,6 +53,18 @@ pub struct Status {
     pub commands_duplicate: u64,
     /// Commands applied by the registered handler since start.
     pub commands_applied: u64,
+    /// Command deliveries dead-lettered on arrival since start: not a valid envelope, too large,
+    /// or (with signed commands) not signed by a trusted key.
+    pub commands_malformed: u64,
+    /// Commands the handler rejected for good ([`Error::CommandRejected`](crate::Error::CommandRejected))
+    /// since start.
+    pub commands_rejected: u64,
+    /// Commands dead-lettered since start because their attempts were used up (failing, or never
+    /// returning).
+    pub commands_dead_lettered: u64,
+    /// Retained deliveries on the command topic ignored since start (see
+    /// [`RelayConfig::retained_commands`](crate::RelayConfig::retained_commands)).
+    pub commands_retained_ignored: u64,
     /// The store's counters.
     pub store: Stats,
 }
@@ -71,8 +85,15 @@ pub(crate) struct StatusCell {
     commands_received: AtomicU64,
     commands_duplicate: AtomicU64,
     commands_applied: AtomicU64,
+    commands_malformed: AtomicU64,
+    commands_rejected: AtomicU64,
+    commands_dead_lettered: AtomicU64,
+    commands_retained_ignored: AtomicU64,
     last_error: Mutex<Option<String>>,
     granted: Mutex<Granted>,
+    /// The command the handler thread is applying, and since when: what a shutdown that gives up
+    /// on it reports.
+    applying: Mutex<Option<(MessageId, Instant)>>,
 }
 
 impl StatusCell {
@@ -147,11 +168,37 @@ impl StatusCell {
         self.commands_applied.fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn set_error(&self, error: String) {
-        *self
-            .last_error
+    pub(crate) fn on_malformed(&self) {
+        self.commands_malformed.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn on_rejected(&self) {
+        self.commands_rejected.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn on_commands_dead_lettered(&self, n: u64) {
+        self.commands_dead_lettered.fetch_add(n, Relaxed);
+    }
+
+    pub(crate) fn on_retained_ignored(&self) {
+        self.commands_retained_ignored.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn set_applying(&self, command: Option<MessageId>) {
+        *self.applying.lock().unwrap_or_else(PoisonError::into_inner) =
+            command.map(|id| (id, Instant::now()));
+    }
+
+    /// The command being applied and for how long, if any.
+    pub(crate) fn applying(&self) -> Option<(MessageId, Duration)> {
+        self.applying
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error);
+            .unwrap_or_else(PoisonError::into_inner)
+            .map(|(id, since)| (id, since.elapsed()))
+    }
+
+    pub(crate) fn set_error(&self, error: String) {
+        *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(error);
     }
 
     pub(crate) fn snapshot(&self, store: Stats) -> Status {
@@ -166,7 +213,7 @@ impl StatusCell {
             last_error: self
                 .last_error
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .unwrap_or_else(PoisonError::into_inner)
                 .clone(),
             in_flight: self.in_flight.load(Relaxed),
             published: self.published.load(Relaxed),
@@ -182,6 +229,10 @@ impl StatusCell {
             commands_received: self.commands_received.load(Relaxed),
             commands_duplicate: self.commands_duplicate.load(Relaxed),
             commands_applied: self.commands_applied.load(Relaxed),
+            commands_malformed: self.commands_malformed.load(Relaxed),
+            commands_rejected: self.commands_rejected.load(Relaxed),
+            commands_dead_lettered: self.commands_dead_lettered.load(Relaxed),
+            commands_retained_ignored: self.commands_retained_ignored.load(Relaxed),
             store,
         }
     }

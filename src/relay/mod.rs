@@ -10,14 +10,14 @@ mod rows;
 use std::fmt::Display;
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use self::lock::RelayLock;
 use self::marker::{Marker, Marks};
 use self::publisher::{DEFAULT_SHUTDOWN_TIMEOUT, Publisher};
-use crate::commands::{CommandSession, Handler, run_handler};
+use crate::commands::{CommandSession, DeliveryLimits, Handler, TwoPhase, run_handler, validate_filter};
 use crate::error::{Error, Result};
 use crate::mqtt::backoff::Backoff;
 use crate::mqtt::driver::{Driver, Flow, SessionHandle, Signal};
@@ -39,6 +39,9 @@ use crate::store::{Command, Outbox, Tx, connect};
 /// | [`ack_timeout`](Self::ack_timeout) | 60 s |
 /// | [`poison_disconnects`](Self::poison_disconnects) | 3 |
 /// | [`commands`](Self::commands) | none: publish only, one MQTT session |
+/// | [`max_command_bytes`](Self::max_command_bytes) | 64 KiB |
+/// | [`command_read_limit`](Self::command_read_limit) | 16 MiB |
+/// | [`retained_commands`](Self::retained_commands) | false: retained deliveries are ignored |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayConfig {
     pub(crate) mqtt: MqttConfig,
@@ -53,6 +56,9 @@ pub struct RelayConfig {
     pub(crate) poison_disconnects: u32,
     pub(crate) commands: Option<String>,
     pub(crate) commands_client_id: Option<String>,
+    pub(crate) max_command_bytes: usize,
+    pub(crate) command_read_limit: usize,
+    pub(crate) retained_commands: bool,
 }
 
 impl RelayConfig {
@@ -71,6 +77,9 @@ impl RelayConfig {
             poison_disconnects: 3,
             commands: None,
             commands_client_id: None,
+            max_command_bytes: 64 * 1024,
+            command_read_limit: 16 * 1024 * 1024,
+            retained_commands: false,
         }
     }
 
@@ -147,9 +156,41 @@ impl RelayConfig {
 
     /// Receive commands on this topic filter, in a second, persistent session (`clean_session =
     /// false`) whose client id is the main one plus `-commands`, unless set with
-    /// [`commands_client_id`](Self::commands_client_id).
+    /// [`commands_client_id`](Self::commands_client_id). [`Relay::start`] checks the filter
+    /// against MQTT's rules (`+` and `#` as whole levels, `#` last, no control characters, at
+    /// most 65,535 bytes) and fails with [`Error::InvalidConfig`] naming the rule.
     pub fn commands(mut self, filter: impl Into<String>) -> Self {
         self.commands = Some(filter.into());
+        self
+    }
+
+    /// Largest command delivery stored, in bytes of MQTT payload (default 64 KiB). A larger one is
+    /// dead-lettered without its bytes (the reason gives its size) and acknowledged, and the
+    /// session goes on. The payload inside a stored command is also held to
+    /// [`Limits::max_payload_bytes`](crate::Limits::max_payload_bytes).
+    pub fn max_command_bytes(mut self, bytes: usize) -> Self {
+        self.max_command_bytes = bytes;
+        self
+    }
+
+    /// Largest MQTT packet the command session reads at all (default 16 MiB), so that a delivery
+    /// above [`max_command_bytes`](Self::max_command_bytes) can still be read, dead-lettered and
+    /// acknowledged. A packet above this cannot be read: under MQTT 3.1.1 the broker cannot be
+    /// told, and would deliver it again at every connection. Configure the broker to refuse
+    /// larger messages on the command topics (mosquitto: `message_size_limit`).
+    pub fn command_read_limit(mut self, bytes: usize) -> Self {
+        self.command_read_limit = bytes;
+        self
+    }
+
+    /// Store command deliveries that carry MQTT's retain flag (default false: acknowledge and
+    /// ignore them, counted in [`Status::commands_retained_ignored`]). A broker sends a retained
+    /// message again at every subscription, which the command session makes at every connection.
+    /// When stored, its id is kept past the inbox retention while it is the newest retained
+    /// command on its topic, so a resent retained command is always recognised, never applied
+    /// twice.
+    pub fn retained_commands(mut self, store: bool) -> Self {
+        self.retained_commands = store;
         self
     }
 
@@ -176,8 +217,20 @@ impl RelayConfig {
         if self.ack_timeout.is_zero() {
             return Err(Error::InvalidConfig("ack_timeout must be above zero".into()));
         }
-        if self.commands.as_deref() == Some("") {
-            return Err(Error::InvalidConfig("command topic filter is empty".into()));
+        if let Some(filter) = &self.commands {
+            validate_filter(filter)?;
+        }
+        if self.max_command_bytes == 0 {
+            return Err(Error::InvalidConfig(
+                "max_command_bytes must be at least 1".into(),
+            ));
+        }
+        if self.command_read_limit < self.max_command_bytes {
+            return Err(Error::InvalidConfig(format!(
+                "command_read_limit ({} bytes) is below max_command_bytes ({} bytes): an oversized \
+                 command could not be read to be dead-lettered",
+                self.command_read_limit, self.max_command_bytes
+            )));
         }
         Ok(())
     }
@@ -212,6 +265,9 @@ pub struct Relay {
     status: Arc<StatusCell>,
     outbox: Outbox,
     lock: Option<RelayLock>,
+    shutdown_timeout: Duration,
+    /// Closed when the handler thread ends: what a shutdown waits on, up to its deadline.
+    handler_done: Option<Receiver<()>>,
 }
 
 impl Relay {
@@ -226,13 +282,67 @@ impl Relay {
 
     /// Like [`Relay::start`], plus a thread that applies each stored command with `handler`, in
     /// the transaction that marks it applied (see [`Outbox::apply_next`]).
+    ///
+    /// The thread has a connection of its own: the handler never holds the application's
+    /// [`Outbox`] handle, and the write lock is held only while the handler runs. Since the
+    /// handler runs inside that write transaction, keep it to database work; for slow outside
+    /// work use [`start_with_two_phase_handler`](Self::start_with_two_phase_handler). Reads
+    /// through the application's `Outbox` from inside the handler work; writes through it fail
+    /// at once with [`Error::InsideCommandHandler`]. Each attempt is counted before the handler
+    /// runs, so one that takes the process down is counted when the relay starts again.
     pub fn start_with_handler<E, F>(outbox: &Outbox, config: RelayConfig, mut handler: F) -> Result<Relay>
     where
         F: FnMut(&mut Tx<'_>, &Command) -> std::result::Result<(), E> + Send + 'static,
-        E: Display,
+        E: Display + 'static,
     {
-        let boxed: Handler = Box::new(move |tx, cmd| handler(tx, cmd).map_err(|e| e.to_string()));
+        let boxed: Handler = Box::new(TwoPhase {
+            act: |_: &Command| Ok::<_, std::convert::Infallible>(()),
+            record: move |tx: &mut Tx<'_>, cmd: &Command, ()| handler(tx, cmd),
+        });
         Self::spawn(outbox, config, Some(boxed))
+    }
+
+    /// Like [`Relay::start_with_handler`], with a two-phase handler: `act` does the slow outside
+    /// work with no transaction open, then `record` writes its database effect in the transaction
+    /// that marks the command applied. `record`'s effect commits exactly once; `act` runs at
+    /// least once (again after a crash between the two), so key its outside effect on
+    /// [`Command::id`]. See [`Outbox::apply_next_two_phase`].
+    ///
+    /// ```no_run
+    /// use edge_outbox::{Command, MqttConfig, Outbox, Relay, RelayConfig};
+    ///
+    /// # fn move_valve(_to: i64, _idempotency_key: &str) -> edge_outbox::Result<i64> { Ok(0) }
+    /// let outbox = Outbox::open("/var/lib/pump/outbox.db")?;
+    /// let config = RelayConfig::new(MqttConfig::new("127.0.0.1", 1883).client_id("pump-17"))
+    ///     .commands("devices/pump-17/commands/#");
+    /// let relay = Relay::start_with_two_phase_handler(
+    ///     &outbox,
+    ///     config,
+    ///     // Seconds of hardware I/O; the application keeps committing meanwhile.
+    ///     |cmd: &Command| move_valve(cmd.payload_as()?, &cmd.id.to_string()),
+    ///     |tx, cmd, reached: i64| {
+    ///         tx.execute("UPDATE valve SET position = ?1", [reached])?;
+    ///         tx.publish("devices/pump-17/valve", &cmd.key, &reached)?;
+    ///         Ok::<_, edge_outbox::Error>(())
+    ///     },
+    /// )?;
+    /// # relay.shutdown()?;
+    /// # Ok::<(), edge_outbox::Error>(())
+    /// ```
+    pub fn start_with_two_phase_handler<P, EA, ER, A, R>(
+        outbox: &Outbox,
+        config: RelayConfig,
+        act: A,
+        record: R,
+    ) -> Result<Relay>
+    where
+        A: FnMut(&Command) -> std::result::Result<P, EA> + Send + 'static,
+        EA: Display + 'static,
+        R: FnMut(&mut Tx<'_>, &Command, P) -> std::result::Result<(), ER> + Send + 'static,
+        ER: Display + 'static,
+        P: 'static,
+    {
+        Self::spawn(outbox, config, Some(Box::new(TwoPhase { act, record })))
     }
 
     fn spawn(outbox: &Outbox, config: RelayConfig, handler: Option<Handler>) -> Result<Relay> {
@@ -250,7 +360,9 @@ impl Relay {
             Some(_) => Some(SessionOptions::new(
                 &config.mqtt,
                 &config.commands_client(),
-                Role::Commands,
+                Role::Commands {
+                    read_limit: config.command_read_limit,
+                },
             )?),
             None => None,
         };
@@ -275,6 +387,8 @@ impl Relay {
             status: status.clone(),
             outbox: outbox.clone(),
             lock: Some(lock),
+            shutdown_timeout: config.shutdown_timeout,
+            handler_done: None,
         };
         let backoff = Backoff::new(config.backoff_min, config.backoff_max);
         let endpoint = config.mqtt.endpoint();
@@ -342,20 +456,18 @@ impl Relay {
                 stop: stop_rx.clone(),
                 status: status.clone(),
                 backoff,
+                limits: DeliveryLimits {
+                    max_bytes: config.max_command_bytes,
+                    accept_retained: config.retained_commands,
+                },
             };
             relay.spawn_thread("edge-outbox-commands", move || session.run())?;
             if let Some(handler) = handler {
-                let (outbox, stop, status) = (outbox.clone(), stop_rx.clone(), status.clone());
-                relay.spawn_thread("edge-outbox-handler", move || {
-                    run_handler(outbox, handler, arrivals_rx, stop, status)
-                })?;
+                relay.spawn_handler(outbox, handler, arrivals_rx, &stop_rx)?;
             }
         } else if let Some(handler) = handler {
             // No command session in this process: apply what others store (SQL contract).
-            let (outbox, stop, status) = (outbox.clone(), stop_rx.clone(), status.clone());
-            relay.spawn_thread("edge-outbox-handler", move || {
-                run_handler(outbox, handler, crossbeam_channel::never(), stop, status)
-            })?;
+            relay.spawn_handler(outbox, handler, crossbeam_channel::never(), &stop_rx)?;
         }
         tracing::info!(
             broker = %endpoint,
@@ -366,6 +478,22 @@ impl Relay {
             "relay started"
         );
         Ok(relay)
+    }
+
+    fn spawn_handler(
+        &mut self,
+        outbox: &Outbox,
+        handler: Handler,
+        arrivals: Receiver<()>,
+        stop: &Receiver<()>,
+    ) -> Result<()> {
+        let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
+        self.handler_done = Some(done_rx);
+        let (outbox, stop, status) = (outbox.clone(), stop.clone(), self.status.clone());
+        self.spawn_thread(HANDLER_THREAD, move || {
+            let _done = done_tx;
+            run_handler(outbox, handler, arrivals, stop, status)
+        })
     }
 
     fn spawn_thread(&mut self, name: &str, f: impl FnOnce() -> Result<()> + Send + 'static) -> Result<()> {
@@ -398,6 +526,7 @@ impl Relay {
     }
 
     fn stop_and_join(&mut self) -> Result<()> {
+        let deadline = Instant::now() + self.shutdown_timeout;
         // Dropping the sender wakes every thread's stop receiver at once.
         drop(self.stop.take());
         if let Some(session) = self.command_session.take() {
@@ -418,6 +547,16 @@ impl Relay {
             session.close();
         }
         for handle in self.threads.drain(..) {
+            if handle.thread().name() == Some(HANDLER_THREAD)
+                && let Some(done) = self.handler_done.take()
+                && done.recv_deadline(deadline) == Err(RecvTimeoutError::Timeout)
+                && let Some((command, running_for)) = self.status.applying()
+            {
+                let e = Error::HandlerStuck { command, running_for };
+                tracing::error!(error = %e, "command handler did not stop");
+                first_error.get_or_insert(e);
+                continue; // detached: it may still return, and its thread then ends
+            }
             join_thread(handle, &mut first_error);
         }
         self.lock.take();
@@ -444,6 +583,8 @@ impl std::fmt::Debug for Relay {
 
 /// The publisher thread's name: `stop_and_join` joins it before the others.
 const PUBLISHER_THREAD: &str = "edge-outbox-relay";
+/// The handler thread's name: `stop_and_join` waits for it only until the shutdown deadline.
+const HANDLER_THREAD: &str = "edge-outbox-handler";
 
 /// Joins one relay thread; keeps the first error (a panic is [`Error::Panicked`]).
 fn join_thread(handle: JoinHandle<Result<()>>, first_error: &mut Option<Error>) {

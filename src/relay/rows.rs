@@ -151,6 +151,7 @@ pub(crate) fn mark_acked(conn: &mut Connection, options: &Options, seqs: &mut Ve
     seqs.dedup();
     let runs = runs(seqs);
     let half = seqs.len() / 2;
+    let _turn = crate::store::gate::enter(conn, options.busy_timeout)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     {
         let now = now_ms();

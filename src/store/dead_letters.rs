@@ -145,7 +145,13 @@ pub(crate) fn retry(conn: &mut Connection, options: &Options, dl_id: i64) -> Res
         }
         // Input that never made it into the inbox: receive it again (limits may have changed).
         ("inbox", None) => {
-            inbox::receive(&tx, options, &topic, raw.as_deref().unwrap_or_default())?;
+            let Some(raw) = raw else {
+                return Err(Error::NotFound(format!(
+                    "the bytes of dead letter {dl_id} (an oversized delivery is kept without them; \
+                     have the sender send it again, or drop it)"
+                )));
+            };
+            inbox::receive(&tx, options, &topic, &raw)?;
         }
         // An outgoing message: queue it again with its id, behind what is pending now.
         _ => {

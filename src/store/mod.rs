@@ -1,10 +1,13 @@
 //! The SQLite store: business tables, outbox, inbox and dead letters in one WAL file.
 
+mod apply;
 mod dead_letters;
+pub(crate) mod gate;
 mod inbox;
 mod open;
 mod options;
 pub(crate) mod outbox;
+mod reentry;
 mod schema;
 mod stats;
 
@@ -15,8 +18,10 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{Connection, TransactionBehavior};
 
+pub(crate) use apply::{Applier, RELAY_OWNER, recover_relay_attempts, run_next};
 pub use dead_letters::{DeadLetter, Origin};
 pub use inbox::{ApplyOutcome, Command, Received};
+pub(crate) use inbox::{Delivery, receive_delivery, refuse};
 pub(crate) use open::connect;
 pub use open::default_path;
 pub use options::{Limits, OnFull, Options, Synchronous};
@@ -37,6 +42,15 @@ pub struct Outbox {
 struct Shared {
     conn: Mutex<Connection>,
     path: PathBuf,
+    /// `path` resolved, to recognise the file a command handler holds the write lock of.
+    canonical: PathBuf,
+    /// `claimed_by` of the attempts `apply_next` makes through this handle.
+    owner: String,
+    /// A second connection for `apply_next`, taken out while a command is applied, so applying
+    /// never holds `conn`'s mutex: the handler may read through this handle meanwhile.
+    apply_conn: Mutex<Option<Connection>>,
+    /// The in-process writers' queue of this file (see `gate`): taken before `conn`'s mutex.
+    gate: Arc<gate::WriteGate>,
     options: Options,
     /// Wakes a relay started from this handle the moment a publish commits. Capacity one: a
     /// pending wake-up already covers every later commit.
@@ -64,7 +78,11 @@ impl Outbox {
         let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
         Ok(Outbox {
             shared: Arc::new(Shared {
+                gate: gate::of(&conn),
                 conn: Mutex::new(conn),
+                canonical: reentry::canonical(&path),
+                owner: format!("worker:{}", crate::MessageId::new_v7()),
+                apply_conn: Mutex::new(None),
                 path,
                 options,
                 wake_tx,
@@ -96,6 +114,10 @@ impl Outbox {
     /// takes the write lock up front, so a transaction that reads before it writes cannot fail
     /// half-way with `SQLITE_BUSY_SNAPSHOT`.
     ///
+    /// Called from inside a command handler's database step on the same file, it fails at once
+    /// with [`Error::InsideCommandHandler`] (that step holds the write lock): write through the
+    /// handler's `Tx` instead.
+    ///
     /// ```
     /// # let dir = tempfile::tempdir().expect("temp dir");
     /// # let outbox = edge_outbox::Outbox::open(dir.path().join("device.db"))?;
@@ -113,6 +135,8 @@ impl Outbox {
         F: FnOnce(&mut Tx<'_>) -> Result<T, E>,
         E: From<Error>,
     {
+        self.check_can_write("Outbox::transaction")?;
+        let turn = self.enter_gate()?;
         let mut conn = self.lock();
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -122,6 +146,7 @@ impl Outbox {
         let ids = t.commit()?;
         crate::failpoint::hit("after-business-commit");
         drop(conn);
+        drop(turn);
         if !ids.is_empty() {
             self.wake_relay();
         }
@@ -133,6 +158,8 @@ impl Outbox {
     /// The delivery is on disk when this returns, whatever the [`Synchronous`] mode: the caller
     /// acknowledges the broker next, and a command a power cut then erased would be lost for good.
     pub fn receive(&self, topic: &str, bytes: &[u8]) -> Result<Received> {
+        self.check_can_write("Outbox::receive")?;
+        let _turn = self.enter_gate()?;
         let conn = self.lock();
         if self.shared.options.synchronous == Synchronous::Full {
             return inbox::receive(&conn, &self.shared.options, topic, bytes);
@@ -154,13 +181,80 @@ impl Outbox {
     /// same key is unapplied (backing off after a failure), and stops waiting once that one is
     /// applied or dead-lettered. The handler may publish replies through its [`Tx`]; they commit
     /// with the effect. A handler error or panic rolls the effect back and counts an attempt;
-    /// after [`Options::max_attempts`] the command moves to the dead letters.
+    /// after [`Options::max_attempts`] the command moves to the dead letters. An
+    /// [`Error::CommandRejected`] (see [`Error::reject`]) moves it there at once.
+    ///
+    /// The attempt is committed before the handler runs, so a handler that takes the process down
+    /// is counted too (see [`Options::attempt_timeout`]). The handler runs on a connection of its
+    /// own, in a transaction that lasts as long as the handler: keep it to database work, and do
+    /// slow outside work (hardware, network) in [`apply_next_two_phase`](Self::apply_next_two_phase).
+    /// Inside it, reads through this or any handle work; writes through an [`Outbox`] on the same
+    /// file fail at once with [`Error::InsideCommandHandler`].
     pub fn apply_next<E, F>(&self, handler: F) -> Result<ApplyOutcome>
     where
         F: FnOnce(&mut Tx<'_>, &Command) -> Result<(), E>,
-        E: std::fmt::Display,
+        E: std::fmt::Display + 'static,
     {
-        let outcome = inbox::apply_next(&mut self.lock(), &self.shared.options, handler)?;
+        self.apply_next_two_phase(
+            |_| Ok::<_, std::convert::Infallible>(()),
+            |tx, cmd, ()| handler(tx, cmd),
+        )
+    }
+
+    /// Applies the oldest due command with a two-phase handler: `act` does the slow outside work
+    /// (move a valve, call a service) with **no transaction open**, then `record` writes its
+    /// database effect in the transaction that marks the command applied.
+    ///
+    /// The guarantee: `record`'s effect commits **exactly once**. `act` runs **at least once**:
+    /// if the process dies between `act` and the commit, the command is attempted again after a
+    /// restart and `act` runs again, so make it idempotent, keyed on [`Command::id`] (the same id
+    /// on every attempt and every redelivery) wherever the outside world allows one. An error
+    /// from either step fails the attempt like a one-phase handler's ([`Error::CommandRejected`]
+    /// dead-letters at once); `record` does not run after `act` failed.
+    ///
+    /// ```
+    /// use edge_outbox::{ApplyOutcome, Envelope, MessageId, Outbox};
+    ///
+    /// # let dir = tempfile::tempdir().expect("temp dir");
+    /// let outbox = Outbox::open(dir.path().join("device.db"))?;
+    /// outbox.with_connection(|c| c.execute_batch("CREATE TABLE valve (position INTEGER)"))?;
+    /// let id = MessageId::new_v7();
+    /// outbox.receive("valves/v1/set", &Envelope::command(id, "valve-1", &40)?.encode())?;
+    ///
+    /// let outcome = outbox.apply_next_two_phase(
+    ///     // Outside any transaction: the application keeps committing meanwhile.
+    ///     |cmd| -> edge_outbox::Result<i64> {
+    ///         let target: i64 = cmd.payload_as()?;
+    ///         // valve.move_to(target, cmd.id)?  (slow hardware I/O, idempotent on cmd.id)
+    ///         Ok(target)
+    ///     },
+    ///     // In the write transaction that marks the command applied: once.
+    ///     |tx, cmd, reached| {
+    ///         tx.execute("INSERT INTO valve VALUES (?1)", [reached])?;
+    ///         tx.publish("valves/v1/position", &cmd.key, &reached)?;
+    ///         Ok::<_, edge_outbox::Error>(())
+    ///     },
+    /// )?;
+    /// assert_eq!(outcome, ApplyOutcome::Applied { id, published: 1 });
+    /// # Ok::<(), edge_outbox::Error>(())
+    /// ```
+    pub fn apply_next_two_phase<P, EA, ER, A, R>(&self, act: A, record: R) -> Result<ApplyOutcome>
+    where
+        A: FnOnce(&Command) -> Result<P, EA>,
+        EA: std::fmt::Display + 'static,
+        R: FnOnce(&mut Tx<'_>, &Command, P) -> Result<(), ER>,
+        ER: std::fmt::Display + 'static,
+    {
+        self.check_can_write("Outbox::apply_next")?;
+        let mut conn = self.take_apply_conn()?;
+        let applier = Applier {
+            options: &self.shared.options,
+            owner: &self.shared.owner,
+            path: &self.shared.canonical,
+        };
+        let result = apply::run_next(&mut conn, &applier, |_| {}, act, record);
+        self.return_apply_conn(conn);
+        let (outcome, _) = result?;
         if outcome.published() {
             self.wake_relay();
         }
@@ -180,6 +274,8 @@ impl Outbox {
     /// Puts a dead letter back: an outbox message is queued again (same id, new sequence number),
     /// a command gets a fresh set of attempts. Fails with [`Error::NotFound`] for an unknown id.
     pub fn retry_dead_letter(&self, dead_letter_id: i64) -> Result<()> {
+        self.check_can_write("Outbox::retry_dead_letter")?;
+        let _turn = self.enter_gate()?;
         dead_letters::retry(&mut self.lock(), &self.shared.options, dead_letter_id)?;
         self.wake_relay();
         Ok(())
@@ -187,6 +283,8 @@ impl Outbox {
 
     /// Deletes a dead letter for good. Fails with [`Error::NotFound`] for an unknown id.
     pub fn drop_dead_letter(&self, dead_letter_id: i64) -> Result<()> {
+        self.check_can_write("Outbox::drop_dead_letter")?;
+        let _turn = self.enter_gate()?;
         dead_letters::drop(&self.lock(), dead_letter_id)
     }
 
@@ -194,6 +292,8 @@ impl Outbox {
     /// older than the inbox retention and sent rows older than the sent retention, then returns
     /// free pages to the file system. Returns the rows deleted.
     pub fn prune(&self) -> Result<u64> {
+        self.check_can_write("Outbox::prune")?;
+        let _turn = self.enter_gate()?;
         let conn = self.lock();
         let mut deleted = 0;
         loop {
@@ -220,21 +320,49 @@ impl Outbox {
         self.shared.wake_rx.clone()
     }
 
+    /// The file's canonical path (see `reentry`).
+    pub(crate) fn canonical_path(&self) -> &Path {
+        &self.shared.canonical
+    }
+
+    fn enter_gate(&self) -> Result<gate::Turn> {
+        self.shared.gate.enter(self.shared.options.busy_timeout)
+    }
+
+    fn check_can_write(&self, operation: &'static str) -> Result<()> {
+        reentry::check_can_write(&self.shared.canonical, operation)
+    }
+
+    /// The apply connection, or a new one if another thread has it (applying concurrently).
+    fn take_apply_conn(&self) -> Result<Connection> {
+        let pooled = self
+            .shared
+            .apply_conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match pooled {
+            Some(conn) => Ok(conn),
+            None => open::connect(&self.shared.path, &self.shared.options),
+        }
+    }
+
+    fn return_apply_conn(&self, conn: Connection) {
+        let mut slot = self
+            .shared
+            .apply_conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some(conn);
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Connection> {
         // A panic in a transaction closure poisons the mutex after rusqlite rolled the
         // transaction back, so the connection is consistent and safe to keep using.
         self.shared.conn.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-/// Stores one command delivery on `conn` (the command session's own connection).
-pub(crate) fn inbox_receive(
-    conn: &Connection,
-    options: &Options,
-    topic: &str,
-    bytes: &[u8],
-) -> Result<Received> {
-    inbox::receive(conn, options, topic, bytes)
 }
 
 /// What one slice of housekeeping did.

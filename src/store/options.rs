@@ -160,6 +160,7 @@ impl Limits {
 /// | [`inbox_retention`](Self::inbox_retention) | 7 days |
 /// | [`keep_applied_payloads`](Self::keep_applied_payloads) | false |
 /// | [`max_attempts`](Self::max_attempts) | 5 |
+/// | [`attempt_timeout`](Self::attempt_timeout) | 10 min |
 /// | [`retry_backoff`](Self::retry_backoff) | 1 s doubling to 5 min |
 /// | [`sent_retention`](Self::sent_retention) | none: acknowledged rows are deleted |
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,9 +172,12 @@ pub struct Options {
     pub(crate) inbox_retention: Duration,
     pub(crate) keep_applied_payloads: bool,
     pub(crate) max_attempts: u32,
+    pub(crate) attempt_timeout: Duration,
     pub(crate) backoff_min: Duration,
     pub(crate) backoff_max: Duration,
     pub(crate) sent_retention: Option<Duration>,
+    #[cfg(feature = "signed-commands")]
+    pub(crate) trusted_keys: Option<crate::signed::TrustedKeys>,
 }
 
 impl Default for Options {
@@ -186,9 +190,12 @@ impl Default for Options {
             inbox_retention: Duration::from_secs(7 * 24 * 3600),
             keep_applied_payloads: false,
             max_attempts: 5,
+            attempt_timeout: Duration::from_secs(600),
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             sent_retention: None,
+            #[cfg(feature = "signed-commands")]
+            trusted_keys: None,
         }
     }
 }
@@ -239,9 +246,21 @@ impl Options {
         self
     }
 
-    /// Handler failures after which a command is dead-lettered (default 5).
+    /// Handler attempts after which a failing command is dead-lettered (default 5). An attempt
+    /// is counted when it starts, so one whose handler takes the process down (abort, out of
+    /// memory, a watchdog) counts too: after this many, the command is dead-lettered with
+    /// "handler did not return" instead of crashing the device again.
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
+        self
+    }
+
+    /// How long an attempt may run before another worker treats it as abandoned (its worker died
+    /// or hung), counts it as failed and may start the next one (default 10 min). The relay's own
+    /// handler does not wait for this: when it starts it recovers the attempts it left running.
+    /// Set it above the longest a handler may take; a two-phase handler's outside step counts.
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = timeout;
         self
     }
 
@@ -260,6 +279,16 @@ impl Options {
         self
     }
 
+    /// Accept only commands signed by one of these keys (feature `signed-commands`; default:
+    /// commands are not signed). A delivery that is not a valid signed command is dead-lettered
+    /// with the reason, before anything is stored as applicable. See [`TrustedKeys`](crate::TrustedKeys)
+    /// and docs/wire-format.md.
+    #[cfg(feature = "signed-commands")]
+    pub fn trusted_command_keys(mut self, keys: crate::signed::TrustedKeys) -> Self {
+        self.trusted_keys = Some(keys);
+        self
+    }
+
     /// The configured durability mode.
     pub fn synchronous_mode(&self) -> Synchronous {
         self.synchronous
@@ -274,6 +303,13 @@ impl Options {
         self.limits.validate()?;
         if self.max_attempts == 0 {
             return Err(Error::InvalidConfig("max_attempts must be at least 1".into()));
+        }
+        #[cfg(feature = "signed-commands")]
+        if let Some(keys) = &self.trusted_keys {
+            keys.validate(self.inbox_retention)?;
+        }
+        if self.attempt_timeout.is_zero() {
+            return Err(Error::InvalidConfig("attempt_timeout must be above zero".into()));
         }
         if self.backoff_min > self.backoff_max {
             return Err(Error::InvalidConfig(format!(

@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use crate::error::{Error, Result};
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Column default for "now" in Unix milliseconds. `julianday` works in every SQLite a foreign
 /// writer may link (Debian's Python ships 3.40), unlike `unixepoch('subsec')` (3.42+).
@@ -21,7 +21,10 @@ macro_rules! now_ms_sql {
 }
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: &[&str] = &[concat!(
+const MIGRATIONS: &[&str] = &[V1, V2];
+
+/// Version 1: the outbox, the inbox, dead letters.
+const V1: &str = concat!(
     "
 CREATE TABLE edge_outbox_meta (
     name  TEXT PRIMARY KEY,
@@ -120,7 +123,23 @@ CREATE TABLE dead_letters (
     "
 );
 "
-)];
+);
+
+/// Version 2: attempts are claimed before a handler runs (so one that takes the process down is
+/// still counted), and commands that arrived retained are remembered as such.
+const V2: &str = "
+-- Set when an attempt starts (committed before the handler runs), cleared when it ends. Still set
+-- after a restart: the handler never returned.
+ALTER TABLE inbox ADD COLUMN attempt_started_at INTEGER;
+-- Who runs that attempt: 'relay' (the relay's handler thread: one per file) or 'worker:<hex>'.
+ALTER TABLE inbox ADD COLUMN claimed_by TEXT;
+-- 1: delivered with the MQTT retain flag (kept only with RelayConfig::retained_commands). The
+-- broker sends a retained message again at every subscription, so its id is kept past the
+-- retention until a newer retained command on its topic replaces it.
+ALTER TABLE inbox ADD COLUMN retained INTEGER NOT NULL DEFAULT 0 CHECK (retained IN (0, 1));
+CREATE INDEX inbox_claimed ON inbox (seq) WHERE attempt_started_at IS NOT NULL;
+CREATE INDEX inbox_retained ON inbox (topic, seq) WHERE retained = 1;
+";
 
 /// The schema version of the store `conn` is on: 0 for a file edge-outbox has never opened. Reads
 /// only, so it works on a read-only connection (the CLI checks a file with it before touching it).

@@ -47,7 +47,7 @@ pub fn command_bytes<T: serde::Serialize>(id: MessageId, key: &str, payload: &T)
 pub fn apply_when_due<E, F>(outbox: &Outbox, mut handler: F) -> TestResult<ApplyOutcome>
 where
     F: FnMut(&mut edge_outbox::Tx<'_>, &edge_outbox::Command) -> Result<(), E>,
-    E: std::fmt::Display,
+    E: std::fmt::Display + 'static,
 {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {

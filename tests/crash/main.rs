@@ -87,6 +87,8 @@ fn main() {
             ("mid-mark", 1),
             ("command-stored-before-ack", 2),
             ("handler-mid-effect", 2),
+            // The attempt is committed, the handler has not run: counted, then retried once.
+            ("attempt-claimed", 2),
         ] {
             run(&format!("failpoint_{point}"), &mut |_| {
                 scenarios::failpoint(point, nth, keep_sent)

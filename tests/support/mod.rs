@@ -2,7 +2,8 @@
 //!
 //! - [`broker`]: a real MQTT broker process on 127.0.0.1 with a port picked at run time (mosquitto
 //!   when it is installed or asked for, rumqttd otherwise; `EDGE_OUTBOX_BROKER` chooses).
-//! - [`child`]: child processes killed when their test ends, fails or panics.
+//! - [`child`]: child processes killed when their test ends, fails or panics, and this test
+//!   binary run again as a child process that can abort or be killed.
 //! - [`proxy`]: a TCP proxy that cuts, stalls, refuses and half-opens connections on command.
 //! - [`mqtt_proxy`]: an MQTT-aware proxy that holds back or drops PUBACKs, chokes on chosen
 //!   messages and drops connections after an event (a broker that misbehaves).
@@ -30,7 +31,7 @@ pub use broker::{Broker, BrokerKind, TlsListener};
 pub use child::ChildGuard;
 pub use mqtt_proxy::{MqttProxy, Repeat, Trigger};
 pub use proxy::Proxy;
-pub use subscriber::{Message, Subscriber, publish_raw, publish_raw_many};
+pub use subscriber::{Message, Subscriber, publish_raw, publish_raw_many, publish_retained};
 pub use tls::Pki;
 
 use std::time::Duration;
@@ -38,3 +39,16 @@ use std::time::Duration;
 /// Default bound for waits in tests: generous, because CI machines are slow, and only ever reached
 /// when something is broken (waits return as soon as their condition holds).
 pub const WAIT: Duration = Duration::from_secs(45);
+
+/// Polls `cond` every few milliseconds until it holds (true) or [`WAIT`] has passed (false).
+pub fn wait_until(mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        // Conditions on another thread's or process's progress give no signal to wait on.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}

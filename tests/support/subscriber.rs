@@ -482,14 +482,24 @@ pub fn publish_raw(addr: SocketAddr, topic: &str, payload: &[u8], qos: QoS) -> i
 /// How many lost connections [`publish_raw`] survives.
 pub const RAW_RECLOSES: u32 = 3;
 
+/// [`publish_raw`] with the retain flag set: the broker keeps the message and delivers it to
+/// every later subscription (with an empty payload, it clears the retained message).
+pub fn publish_retained(addr: SocketAddr, topic: &str, payload: &[u8], qos: QoS) -> io::Result<()> {
+    publish_raw_with(addr, &[(topic, payload)], qos, true)
+}
+
 /// [`publish_raw`] for several messages on one connection, in order.
 pub fn publish_raw_many(addr: SocketAddr, messages: &[(&str, &[u8])], qos: QoS) -> io::Result<()> {
+    publish_raw_with(addr, messages, qos, false)
+}
+
+fn publish_raw_with(addr: SocketAddr, messages: &[(&str, &[u8])], qos: QoS, retain: bool) -> io::Result<()> {
     const TIMEOUT: Duration = Duration::from_secs(10);
     let deadline = Instant::now() + TIMEOUT;
     let mut acked = vec![false; messages.len()];
     let mut lost = 0;
     loop {
-        match publish_raw_once(addr, messages, qos, &mut acked, deadline) {
+        match publish_raw_once(addr, messages, qos, retain, &mut acked, deadline) {
             Ok(()) => return Ok(()),
             Err(RawError::Lost(why)) if lost < RAW_RECLOSES => {
                 lost += 1;
@@ -519,6 +529,7 @@ fn publish_raw_once(
     addr: SocketAddr,
     messages: &[(&str, &[u8])],
     qos: QoS,
+    retain: bool,
     acked: &mut [bool],
     deadline: Instant,
 ) -> Result<(), RawError> {
@@ -535,7 +546,7 @@ fn publish_raw_once(
     for &i in &todo {
         let (topic, payload) = messages[i];
         client
-            .try_publish(topic, qos, false, payload.to_vec())
+            .try_publish(topic, qos, retain, payload.to_vec())
             .map_err(|e| fatal(e.to_string()))?;
     }
     // A fresh client sends the requests in order, so the n-th outgoing publish is todo[n]; its

@@ -6,6 +6,8 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+mod broker_args;
+mod command;
 mod db;
 mod dead_letters;
 mod decode;
@@ -84,6 +86,12 @@ enum Command {
     DeadLetters(dead_letters::DeadLettersCommand),
     /// Publish the outbox (and receive commands) until SIGINT or SIGTERM.
     Relay(Box<relay::RelayArgs>),
+    /// Send a command to a device: a CBOR envelope built from JSON, published at QoS 1.
+    #[command(name = "send-command")]
+    Send(Box<command::SendArgs>),
+    /// Write a command's CBOR envelope to stdout (for mosquitto_pub -s, or any other sender).
+    #[command(name = "encode-command")]
+    Encode(command::EncodeArgs),
     /// The dual-write problem and its fix, with real processes and crashes: prints a table.
     #[cfg(feature = "demo")]
     Demo,
@@ -113,6 +121,8 @@ fn main() -> ExitCode {
         Command::Inbox(args) => inbox::run(&cli.global, &args),
         Command::DeadLetters(command) => dead_letters::run(&cli.global, &command),
         Command::Relay(args) => relay::run(&cli.global, &args),
+        Command::Send(args) => command::send(&cli.global, &args),
+        Command::Encode(args) => command::encode(&args),
         #[cfg(feature = "demo")]
         Command::Demo => demo::run(&cli.global),
         #[cfg(feature = "demo")]

@@ -12,12 +12,13 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use crossbeam_channel::RecvTimeoutError;
-use edge_outbox::{MqttConfig, Protocol, Relay, RelayConfig, Status, TlsConfig};
+use edge_outbox::{Relay, RelayConfig, Status};
 use serde_json::json;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use tracing::level_filters::LevelFilter;
 
+use crate::broker_args::BrokerArgs;
 use crate::exit::CliError;
 use crate::output::{self, bytes, duration, now_ms};
 use crate::status_file::{self, RelayReport};
@@ -51,14 +52,8 @@ local users in the process list: prefer the file). The password is never printed
 Exit codes: 0 stopped on a signal, 1 runtime error (also: a relay thread stopped), 2 usage \
 error (bad URL, TLS or password file), 3 database error, 4 another relay runs on this database.")]
 pub struct RelayArgs {
-    /// mqtt://[USER[:PASSWORD]@]HOST[:PORT] (plain TCP, default port 1883) or mqtts://... (TLS,
-    /// default port 8883, the system's CAs unless --ca).
-    #[arg(long, value_name = "URL")]
-    pub broker: String,
-    /// MQTT protocol version: 5, or 3.1.1 for brokers that do not speak 5 (a broker then cannot
-    /// refuse a message: see docs/reliability.md).
-    #[arg(long, value_name = "VERSION", default_value = "5", value_parser = ["5", "3.1.1"])]
-    pub mqtt_version: String,
+    #[command(flatten)]
+    pub broker: BrokerArgs,
     /// MQTT client id of the publishing session: one per device.
     #[arg(long, value_name = "ID")]
     pub client_id: String,
@@ -68,22 +63,12 @@ pub struct RelayArgs {
     /// Client id of the command session [default: <client-id>-commands].
     #[arg(long, value_name = "ID", requires = "commands")]
     pub commands_client_id: Option<String>,
-    /// Trust the CA certificates in this PEM file instead of the system's (mqtts only).
-    #[arg(long, value_name = "FILE")]
-    pub ca: Option<PathBuf>,
     /// Client certificate chain (PEM) for mutual TLS (mqtts only; with --key).
     #[arg(long, value_name = "FILE", requires = "key")]
     pub cert: Option<PathBuf>,
     /// Client private key (PEM) for mutual TLS (with --cert).
     #[arg(long, value_name = "FILE", requires = "cert")]
     pub key: Option<PathBuf>,
-    /// MQTT username.
-    #[arg(long, value_name = "USER")]
-    pub username: Option<String>,
-    /// Read the password from this file (a trailing newline is ignored); never pass it as an
-    /// argument, where other users see it.
-    #[arg(long, value_name = "FILE", requires = "username")]
-    pub password_file: Option<PathBuf>,
     /// Publish `online` (retained) here on connect, with `offline` as the last will.
     #[arg(long, value_name = "TOPIC")]
     pub status_topic: Option<String>,
@@ -161,50 +146,15 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
 
 /// Broker settings from the arguments; every problem is a usage error (exit 2).
 fn config(args: &RelayArgs) -> Result<RelayConfig> {
-    let mut mqtt = MqttConfig::from_url(&args.broker)?;
-    if mqtt.username().is_some() {
-        if args.username.is_some() {
-            return Err(CliError::usage(
-                "credentials twice: give them in the --broker URL or with --username, not both",
-            ));
-        }
-        if has_password(&args.broker) {
-            tracing::warn!(
-                target: "edge_outbox::cli",
-                "the password in --broker is visible to other local users (process list): prefer --username with --password-file"
-            );
-        }
-    }
-    let protocol: Protocol = args.mqtt_version.parse()?;
-    mqtt = mqtt.protocol(protocol).topic_aliases(args.topic_aliases);
     if args.client_id.is_empty() {
         return Err(CliError::usage("--client-id must not be empty"));
     }
-    mqtt = mqtt.client_id(&args.client_id);
-    if args.ca.is_some() || args.cert.is_some() {
-        if !mqtt.uses_tls() {
-            return Err(CliError::usage(format!(
-                "--ca, --cert and --key need an mqtts:// broker URL, not {:?}",
-                args.broker
-            )));
-        }
-        let tls = match &args.ca {
-            Some(ca) => TlsConfig::with_ca_file(ca).map_err(usage)?,
-            None => TlsConfig::system_roots(),
-        };
-        let tls = match (&args.cert, &args.key) {
-            (Some(cert), Some(key)) => tls.client_auth_files(cert, key).map_err(usage)?,
-            _ => tls,
-        };
-        mqtt = mqtt.tls(tls);
-    }
-    if let Some(user) = &args.username {
-        let password = match &args.password_file {
-            Some(file) => read_password(file)?,
-            None => String::new(),
-        };
-        mqtt = mqtt.credentials(user, password);
-    }
+    let client_auth = args.cert.as_deref().zip(args.key.as_deref());
+    let mut mqtt = args
+        .broker
+        .mqtt(client_auth)?
+        .client_id(&args.client_id)
+        .topic_aliases(args.topic_aliases);
     if let Some(topic) = &args.status_topic {
         mqtt = mqtt.status_topic(topic);
     }
@@ -220,24 +170,6 @@ fn config(args: &RelayArgs) -> Result<RelayConfig> {
         config = config.commands_client_id(id);
     }
     Ok(config)
-}
-
-/// Whether the URL's user info has a password (`user:password@`).
-fn has_password(url: &str) -> bool {
-    url.split_once("://")
-        .and_then(|(_, rest)| rest.rsplit_once('@'))
-        .is_some_and(|(userinfo, _)| userinfo.contains(':'))
-}
-
-fn usage(e: edge_outbox::Error) -> CliError {
-    CliError::usage(e.to_string())
-}
-
-fn read_password(file: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| CliError::usage(format!("reading password file {}: {e}", file.display())))?;
-    let line = text.strip_suffix('\n').unwrap_or(&text);
-    Ok(line.strip_suffix('\r').unwrap_or(line).to_owned())
 }
 
 /// What the status file says besides the counters.
@@ -285,6 +217,10 @@ impl Report {
             connections: s.connections,
             commands_received: s.commands_received,
             commands_duplicate: s.commands_duplicate,
+            commands_malformed: s.commands_malformed,
+            commands_rejected: s.commands_rejected,
+            commands_dead_lettered: s.commands_dead_lettered,
+            commands_retained_ignored: s.commands_retained_ignored,
             last_error: s.last_error.clone(),
         }
     }
@@ -393,6 +329,9 @@ fn log_summary(s: &Status) {
         acknowledged = s.acknowledged,
         dead_letters = s.store.dead_letters,
         commands_received = s.commands_received,
+        commands_malformed = s.commands_malformed,
+        commands_rejected = s.commands_rejected,
+        commands_dead_lettered = s.commands_dead_lettered,
         last_error = s.last_error.as_deref().filter(|_| !s.connected),
         "relay status"
     );

@@ -190,14 +190,17 @@ fn relay_lines(relay: &Relay) -> Vec<String> {
     ];
     if let Some(filter) = &r.commands {
         lines.push(format!(
-            "              commands on {filter}: {}, {} received, {} duplicates",
+            "              commands on {filter}: {}, {} received, {} duplicates, {} malformed, \
+             {} retained ignored",
             if r.commands_connected {
                 "subscribed"
             } else {
                 "not connected"
             },
             r.commands_received,
-            r.commands_duplicate
+            r.commands_duplicate,
+            r.commands_malformed,
+            r.commands_retained_ignored
         ));
     }
     if let Some(e) = &r.last_error {

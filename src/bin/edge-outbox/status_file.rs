@@ -51,6 +51,15 @@ pub struct RelayReport {
     pub connections: u64,
     pub commands_received: u64,
     pub commands_duplicate: u64,
+    /// Added later in format 1: absent (0) in files of older relays.
+    #[serde(default)]
+    pub commands_malformed: u64,
+    #[serde(default)]
+    pub commands_rejected: u64,
+    #[serde(default)]
+    pub commands_dead_lettered: u64,
+    #[serde(default)]
+    pub commands_retained_ignored: u64,
     pub last_error: Option<String>,
 }
 

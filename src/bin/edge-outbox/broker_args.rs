@@ -1,0 +1,98 @@
+//! How to reach the broker: the options `relay` and `send-command` share.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use edge_outbox::{MqttConfig, Protocol, TlsConfig};
+
+use crate::Result;
+use crate::exit::CliError;
+
+#[derive(Debug, Args)]
+pub struct BrokerArgs {
+    /// mqtt://[USER[:PASSWORD]@]HOST[:PORT] (plain TCP, default port 1883) or mqtts://... (TLS,
+    /// default port 8883, the system's CAs unless --ca).
+    #[arg(long, value_name = "URL")]
+    pub broker: String,
+    /// MQTT protocol version: 5, or 3.1.1 for brokers that do not speak 5 (a broker then cannot
+    /// refuse a message: see docs/reliability.md).
+    #[arg(long, value_name = "VERSION", default_value = "5", value_parser = ["5", "3.1.1"])]
+    pub mqtt_version: String,
+    /// Trust the CA certificates in this PEM file instead of the system's (mqtts only).
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+    /// MQTT username.
+    #[arg(long, value_name = "USER")]
+    pub username: Option<String>,
+    /// Read the password from this file (a trailing newline is ignored); never pass it as an
+    /// argument, where other users see it.
+    #[arg(long, value_name = "FILE", requires = "username")]
+    pub password_file: Option<PathBuf>,
+}
+
+impl BrokerArgs {
+    /// Broker settings from the arguments and the client certificate and key files for mutual
+    /// TLS, if given (each command names those options its own way); every problem is a usage
+    /// error (exit 2).
+    pub fn mqtt(&self, client_auth: Option<(&Path, &Path)>) -> Result<MqttConfig> {
+        let mut mqtt = MqttConfig::from_url(&self.broker)?;
+        if mqtt.username().is_some() {
+            if self.username.is_some() {
+                return Err(CliError::usage(
+                    "credentials twice: give them in the --broker URL or with --username, not both",
+                ));
+            }
+            if has_password(&self.broker) {
+                tracing::warn!(
+                    target: "edge_outbox::cli",
+                    "the password in --broker is visible to other local users (process list): prefer --username with --password-file"
+                );
+            }
+        }
+        let protocol: Protocol = self.mqtt_version.parse()?;
+        mqtt = mqtt.protocol(protocol);
+        if self.ca.is_some() || client_auth.is_some() {
+            if !mqtt.uses_tls() {
+                return Err(CliError::usage(format!(
+                    "a CA and client certificates need an mqtts:// broker URL, not {:?}",
+                    self.broker
+                )));
+            }
+            let tls = match &self.ca {
+                Some(ca) => TlsConfig::with_ca_file(ca).map_err(usage)?,
+                None => TlsConfig::system_roots(),
+            };
+            let tls = match client_auth {
+                Some((cert, key)) => tls.client_auth_files(cert, key).map_err(usage)?,
+                None => tls,
+            };
+            mqtt = mqtt.tls(tls);
+        }
+        if let Some(user) = &self.username {
+            let password = match &self.password_file {
+                Some(file) => read_password(file)?,
+                None => String::new(),
+            };
+            mqtt = mqtt.credentials(user, password);
+        }
+        Ok(mqtt)
+    }
+}
+
+/// Whether the URL's user info has a password (`user:password@`).
+fn has_password(url: &str) -> bool {
+    url.split_once("://")
+        .and_then(|(_, rest)| rest.rsplit_once('@'))
+        .is_some_and(|(userinfo, _)| userinfo.contains(':'))
+}
+
+fn usage(e: edge_outbox::Error) -> CliError {
+    CliError::usage(e.to_string())
+}
+
+fn read_password(file: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| CliError::usage(format!("reading password file {}: {e}", file.display())))?;
+    let line = text.strip_suffix('\n').unwrap_or(&text);
+    Ok(line.strip_suffix('\r').unwrap_or(line).to_owned())
+}

@@ -1,0 +1,98 @@
+//! What the command session does with one delivery, decided from plain values (topic, bytes,
+//! retain flag) so it does not depend on the MQTT client's packet types.
+
+use rusqlite::Connection;
+
+use crate::error::Result;
+use crate::store::{Delivery, Options, Received, gate, receive_delivery, refuse};
+
+/// The command session's limits on deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeliveryLimits {
+    /// Largest delivery (the whole MQTT payload) that is stored.
+    pub max_bytes: usize,
+    /// Store deliveries that carry the retain flag.
+    pub accept_retained: bool,
+}
+
+/// The decision for one delivery. Every one is acknowledged afterwards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// Decode and store it in the inbox (deduplicated by id).
+    Store,
+    /// A retained message the broker sends at every subscription: acknowledge, store nothing.
+    IgnoreRetained,
+    /// Too large to store: dead-letter it without its bytes, with this reason.
+    TooLarge(String),
+}
+
+pub(crate) fn admit(payload_len: usize, retained: bool, limits: DeliveryLimits) -> Admission {
+    if retained && !limits.accept_retained {
+        return Admission::IgnoreRetained;
+    }
+    if payload_len > limits.max_bytes {
+        return Admission::TooLarge(format!(
+            "command delivery of {payload_len} bytes exceeds the limit of {} bytes \
+             (RelayConfig::max_command_bytes); its bytes were not kept",
+            limits.max_bytes
+        ));
+    }
+    Admission::Store
+}
+
+/// What became of a delivery. Whatever it is, the delivery may now be acknowledged.
+#[derive(Debug)]
+pub(crate) enum Handled {
+    /// Stored, found to be a duplicate, or dead-lettered: see [`Received`].
+    Received(Received),
+    /// A retained delivery, ignored.
+    IgnoredRetained,
+}
+
+/// Decides, then stores or sets aside one delivery on the session's connection.
+pub(crate) fn handle(
+    conn: &Connection,
+    options: &Options,
+    limits: DeliveryLimits,
+    topic: &str,
+    bytes: &[u8],
+    retained: bool,
+) -> Result<Handled> {
+    let _turn = gate::enter(conn, options.busy_timeout)?;
+    Ok(match admit(bytes.len(), retained, limits) {
+        Admission::IgnoreRetained => Handled::IgnoredRetained,
+        Admission::TooLarge(reason) => Handled::Received(refuse(conn, topic, None, &reason)?),
+        Admission::Store => Handled::Received(receive_delivery(
+            conn,
+            options,
+            Delivery {
+                topic,
+                bytes,
+                retained,
+            },
+        )?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: DeliveryLimits = DeliveryLimits {
+        max_bytes: 100,
+        accept_retained: false,
+    };
+
+    #[test]
+    fn size_and_retain_decide() {
+        assert_eq!(admit(100, false, LIMITS), Admission::Store);
+        assert!(matches!(admit(101, false, LIMITS), Admission::TooLarge(r) if r.contains("101 bytes")));
+        assert_eq!(admit(10, true, LIMITS), Admission::IgnoreRetained);
+        let keep = DeliveryLimits {
+            accept_retained: true,
+            ..LIMITS
+        };
+        assert_eq!(admit(10, true, keep), Admission::Store);
+        assert!(matches!(admit(101, true, keep), Admission::TooLarge(_)));
+    }
+}

@@ -1,0 +1,138 @@
+//! One queue for the writers of a file inside this process.
+//!
+//! SQLite lets one connection write at a time, and a connection that finds the lock taken polls:
+//! it sleeps 1, 2, 5, 10 ... up to 100 ms between tries. Against a writer that commits again and
+//! again (the command session storing a backlog, one transaction per command), a poller keeps
+//! waking up just after the lock was taken again and starves: the application's transactions
+//! took seconds during a command flood. So the crate's own connections to one file queue here,
+//! first come first served, before they take SQLite's lock; a waiter is woken the moment the
+//! writer before it is done. Other processes still meet SQLite's lock as before.
+//!
+//! Order, to stay free of deadlocks: the gate is taken before a handle's connection mutex, and
+//! code holding the gate takes no other gate.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+
+use crate::error::{Error, Result};
+
+#[derive(Default)]
+struct Queue {
+    held: bool,
+    waiting: VecDeque<u64>,
+    next_ticket: u64,
+}
+
+/// The writers' queue of one file.
+#[derive(Default)]
+pub(crate) struct WriteGate {
+    queue: Mutex<Queue>,
+    turn: Condvar,
+}
+
+/// This thread's turn to write; the next writer's turn comes when it is dropped.
+pub(crate) struct Turn(Arc<WriteGate>);
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.0.lock_queue().held = false;
+        self.0.turn.notify_all();
+    }
+}
+
+impl WriteGate {
+    fn lock_queue(&self) -> MutexGuard<'_, Queue> {
+        // Nothing panics while holding it; a poisoned queue is still consistent.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for this thread's turn, at most `timeout` ([`Error::Busy`] then, as SQLite's busy
+    /// timeout would).
+    pub(crate) fn enter(self: &Arc<Self>, timeout: Duration) -> Result<Turn> {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.lock_queue();
+        let ticket = q.next_ticket;
+        q.next_ticket += 1;
+        q.waiting.push_back(ticket);
+        loop {
+            if !q.held && q.waiting.front() == Some(&ticket) {
+                q.waiting.pop_front();
+                q.held = true;
+                return Ok(Turn(Arc::clone(self)));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                q.waiting.retain(|t| *t != ticket);
+                drop(q);
+                // The next in line may be able to go now.
+                self.turn.notify_all();
+                return Err(Error::Busy);
+            }
+            q = self
+                .turn
+                .wait_timeout(q, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// The gate of the file `conn` is open on: one per file per process, found by the file's
+/// canonical path.
+pub(crate) fn of(conn: &Connection) -> Arc<WriteGate> {
+    static GATES: OnceLock<Mutex<HashMap<PathBuf, Weak<WriteGate>>>> = OnceLock::new();
+    let name = PathBuf::from(conn.path().unwrap_or_default());
+    let key = std::fs::canonicalize(&name).unwrap_or(name);
+    let mut gates = GATES
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(gate) = gates.get(&key).and_then(Weak::upgrade) {
+        return gate;
+    }
+    gates.retain(|_, g| g.strong_count() > 0);
+    let gate = Arc::new(WriteGate::default());
+    gates.insert(key, Arc::downgrade(&gate));
+    gate
+}
+
+/// Waits for a turn to write on `conn`'s file.
+pub(crate) fn enter(conn: &Connection, timeout: Duration) -> Result<Turn> {
+    of(conn).enter(timeout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writers_go_in_arrival_order_and_a_timeout_leaves_the_queue() {
+        let gate = Arc::new(WriteGate::default());
+        let first = gate.enter(Duration::from_secs(5)).expect("first");
+        assert!(matches!(gate.enter(Duration::from_millis(20)), Err(Error::Busy)));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let waiters: Vec<_> = (0..4)
+            .map(|i| {
+                let (waiter, order) = (gate.clone(), order.clone());
+                let t = std::thread::spawn(move || {
+                    let _turn = waiter.enter(Duration::from_secs(30)).expect("turn");
+                    order.lock().expect("order").push(i);
+                });
+                // Queue them one after the other.
+                while gate.lock_queue().waiting.len() < i + 1 {
+                    std::thread::yield_now();
+                }
+                t
+            })
+            .collect();
+        drop(first);
+        for w in waiters {
+            w.join().expect("waiter");
+        }
+        assert_eq!(*order.lock().expect("order"), vec![0, 1, 2, 3]);
+    }
+}
