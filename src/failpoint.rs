@@ -9,11 +9,14 @@
 
 /// Every failpoint name, so a test can check it named one that exists.
 pub const FAILPOINTS: &[&str] = &[
-    "after-business-commit",
+    // Hit by the crash harness's device itself, right after it has said a commit returned.
+    "after-commit-returned",
     "after-publish-before-puback",
     "after-puback-before-mark",
     "mid-mark",
     "command-stored-before-ack",
+    "command-acked",
+    "effect-committed",
     "handler-mid-effect",
     "attempt-claimed",
     "relay-loop",

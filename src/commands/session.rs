@@ -157,6 +157,8 @@ impl CommandSession {
                         }
                     }
                 }
+                // Acknowledged on the wire: the broker will not send it again.
+                Signal::Event(Event::AckSent(_)) => crate::failpoint::hit("command-acked"),
                 Signal::Event(Event::Delivery(delivery)) => {
                     // Store first; until it is stored the delivery is not acknowledged, and
                     // neither is anything after it (acks go in order).

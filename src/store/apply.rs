@@ -252,6 +252,7 @@ where
                 return Ok(ApplyOutcome::Idle { next_due: None });
             }
             t.commit()?;
+            crate::failpoint::hit("effect-committed");
             return Ok(ApplyOutcome::Applied {
                 id: claim.command.id,
                 published,

@@ -144,7 +144,6 @@ impl Outbox {
         let mut t = Tx::new(tx, &self.shared.options.limits);
         let value = f(&mut t)?;
         let ids = t.commit()?;
-        crate::failpoint::hit("after-business-commit");
         drop(conn);
         drop(turn);
         if !ids.is_empty() {

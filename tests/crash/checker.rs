@@ -8,6 +8,7 @@ use edge_outbox::{Envelope, MessageId};
 use rusqlite::{Connection, OpenFlags};
 
 use super::support::Message;
+use super::writer::WRITER_BASE;
 
 /// One row of the report table.
 #[derive(Debug, Default, Clone)]
@@ -30,6 +31,9 @@ pub struct Verdict {
     pub received: usize,
     /// Committed orders whose message never arrived, though the device never saw it acknowledged.
     pub lost: usize,
+    /// Orders whose commit returned (the device or writer said so) and that the store does not
+    /// hold, or holds with a gap in a writer's numbering.
+    pub lost_commits: usize,
     /// Committed orders acknowledged by a broker that was then killed before delivering them
     /// (known only with sent-row retention; without it they count as `lost`).
     pub lost_by_broker: usize,
@@ -47,6 +51,10 @@ pub struct Verdict {
     pub effects: usize,
     /// Commands applied more than once.
     pub double_effects: usize,
+    /// Applied commands whose reply never arrived.
+    pub missing_receipts: usize,
+    /// Replies for commands never applied.
+    pub phantom_receipts: usize,
     /// Commands sent and never applied.
     pub missing_effects: usize,
     /// Balances that differ from the sum of the commands sent.
@@ -64,11 +72,12 @@ impl Verdict {
                 p.push(format!("{n} {what}"));
             }
         };
+        bad(self.lost_commits, "returned commits missing from the store");
         bad(self.lost, "lost");
         if !self.allow_broker_loss {
             bad(
                 self.lost_by_broker,
-                "lost after the broker acknowledged them, with no broker killed",
+                "marked sent but never delivered, with no broker killed",
             );
         }
         bad(self.dead_lettered, "dead-lettered");
@@ -76,6 +85,11 @@ impl Verdict {
         bad(self.out_of_order_keys, "keys out of order");
         bad(self.reminted, "orders announced under two ids");
         bad(self.double_effects, "double effects");
+        bad(
+            self.missing_receipts,
+            "applied commands whose reply never arrived",
+        );
+        bad(self.phantom_receipts, "replies for commands never applied");
         bad(self.missing_effects, "commands never applied");
         bad(self.wrong_balances, "wrong balances");
         if let Some(seen) = self.experienced
@@ -98,7 +112,13 @@ type Order = (i64, String, i64);
 /// A command the orchestrator sent: id, account, amount.
 pub type SentCommand = (MessageId, String, i64);
 
-pub fn judge(scenario: &str, db: &Path, delivered: &[Message], commands: &[SentCommand]) -> Verdict {
+pub fn judge(
+    scenario: &str,
+    db: &Path,
+    delivered: &[Message],
+    commands: &[SentCommand],
+    returned: &HashSet<i64>,
+) -> Verdict {
     let conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("open device db");
     let mut v = Verdict {
         scenario: scenario.to_owned(),
@@ -111,6 +131,22 @@ pub fn judge(scenario: &str, db: &Path, delivered: &[Message], commands: &[SentC
     let orders: Vec<Order> = rows(&conn, "SELECT n, key, amount FROM orders ORDER BY n");
     v.committed = orders.len();
     let committed: HashSet<&Order> = orders.iter().collect();
+    // Each writer (the device, each foreign writer) numbers its orders 1, 2, ... from its base and
+    // resumes after the highest it finds: a returned commit the store lost shows as a missing
+    // number, or as a number said and not found.
+    let numbers: HashSet<i64> = orders.iter().map(|(n, _, _)| *n).collect();
+    let mut gaps = 0;
+    let mut by_writer: HashMap<i64, i64> = HashMap::new();
+    for n in &numbers {
+        let high = by_writer.entry(n / WRITER_BASE).or_default();
+        *high = (*high).max(*n);
+    }
+    for (w, high) in by_writer {
+        let base = w * WRITER_BASE;
+        gaps += ((base + 1)..=high).filter(|n| !numbers.contains(n)).count();
+    }
+    let missing = returned.iter().filter(|n| !numbers.contains(n)).count();
+    v.lost_commits = gaps.max(missing);
     let dead: HashSet<i64> = rows::<Vec<u8>>(
         &conn,
         "SELECT payload FROM dead_letters WHERE origin = 'outbox' AND topic LIKE 'orders/%'",
@@ -185,6 +221,19 @@ pub fn judge(scenario: &str, db: &Path, delivered: &[Message], commands: &[SentC
         .iter()
         .filter(|(id, _, _)| !applied.contains_key(id.as_bytes().as_slice()))
         .count();
+    // Each applied command's reply (published in its apply transaction) arrived; none arrived
+    // for a command that was not applied.
+    let receipts: HashSet<String> = delivered
+        .iter()
+        .filter(|m| m.topic == "device/receipts")
+        .filter_map(|m| Envelope::decode(&m.payload).ok()?.payload_as::<String>().ok())
+        .collect();
+    let applied_ids: HashSet<String> = applied
+        .keys()
+        .filter_map(|id| MessageId::from_slice(id).ok().map(|id| id.to_string()))
+        .collect();
+    v.missing_receipts = applied_ids.difference(&receipts).count();
+    v.phantom_receipts = receipts.difference(&applied_ids).count();
     let mut expected: HashMap<String, i64> = HashMap::new();
     for (_, account, amount) in commands {
         *expected.entry(account.clone()).or_default() += amount;
@@ -251,6 +300,8 @@ pub fn table(verdicts: &[Verdict], markdown: bool) -> String {
     let rows: Vec<Vec<String>> = verdicts
         .iter()
         .map(|v| {
+            // Without a count, every fault was a process kill or abort: experienced by
+            // construction (the device restarted from its store).
             let seen = v.experienced.map_or("kill".to_owned(), |n| n.to_string());
             vec![
                 v.scenario.clone(),

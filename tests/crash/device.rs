@@ -28,6 +28,11 @@ impl DeviceEnv {
     pub const ROLLBACK_EVERY: &'static str = "CRASH_DEVICE_ROLLBACK_EVERY";
 }
 
+/// Set (to the number of commands it must have applied by then) when the orchestrator asks this
+/// device to stop committing and drain what it has: after a scenario's faults, so the process
+/// that lived through them must show it recovered. Negative: not asked.
+pub static FINISH: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(-1);
+
 /// The amount a rolled-back order announces: no committed order has it, so a delivered message
 /// carrying it is a phantom whatever its number.
 pub const ROLLED_BACK: i64 = -1;
@@ -137,7 +142,8 @@ pub fn run() -> Result<(), Error> {
     let mut reported = Reported::default();
     let mut n = next;
     let mut attempt: u64 = 0;
-    while n <= orders {
+    let finishing = || FINISH.load(std::sync::atomic::Ordering::Relaxed) >= 0;
+    while n <= orders && !finishing() {
         let status = relay.status()?;
         announce(&mut subscribed, status.commands_connected);
         reported.say_if_changed(&status);
@@ -167,7 +173,12 @@ pub fn run() -> Result<(), Error> {
             Ok::<_, Error>(())
         });
         match result {
-            Ok(_) => n += 1,
+            Ok(_) => {
+                // What the orchestrator holds the store to: a returned commit must survive.
+                say(&format!("committed {n}"));
+                edge_outbox::failpoint::hit("after-commit-returned");
+                n += 1;
+            }
             // A full disk or a busy file: nothing was written; wait for space and retry.
             Err(Error::DiskFull | Error::StorageFull { .. } | Error::Busy) => {
                 if !full_reported {
@@ -198,6 +209,7 @@ pub fn run() -> Result<(), Error> {
                 |r| Ok((r.get(0)?, r.get(1)?)),
             )
         })?;
+        let commands = commands.max(FINISH.load(std::sync::atomic::Ordering::Relaxed));
         if status.store.pending_messages == 0 && status.store.inbox_unapplied == 0 && applied >= commands {
             break;
         }

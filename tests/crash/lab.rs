@@ -32,6 +32,9 @@ pub struct Lab {
     pub allow_broker_loss: bool,
     /// Foreign writer processes started so far (their ids).
     writers: u32,
+    /// Every order a device or writer said was committed (its commit returned), across restarts:
+    /// what the store is held to, rather than what it happens to contain.
+    returned: Arc<Mutex<HashSet<i64>>>,
 }
 
 impl Lab {
@@ -67,6 +70,7 @@ impl Lab {
             next_command: 1,
             allow_broker_loss: false,
             writers: 0,
+            returned: Arc::default(),
         }
     }
 
@@ -84,6 +88,8 @@ impl Lab {
             .env(DeviceEnv::ORDERS, self.orders.to_string())
             .env(DeviceEnv::COMMANDS, self.commands.len().to_string())
             .env("EDGE_OUTBOX_FAILPOINT", failpoint.unwrap_or(""))
+            // Its lifeline: it exits when this end closes, however this process ends.
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         for (k, v) in &self.env {
@@ -94,10 +100,15 @@ impl Lab {
         let (tx, rx) = crossbeam_channel::unbounded();
         let seen = Arc::new(Mutex::new(RelaySeen::default()));
         let seen_by_reader = seen.clone();
+        let returned = self.returned.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 if let Some(status) = line.strip_prefix("status ") {
                     *seen_by_reader.lock().unwrap_or_else(PoisonError::into_inner) = RelaySeen::parse(status);
+                    continue;
+                }
+                if let Some(n) = committed(&line) {
+                    returned.lock().unwrap_or_else(PoisonError::into_inner).insert(n);
                     continue;
                 }
                 if tx.send((Instant::now(), line)).is_err() {
@@ -121,15 +132,50 @@ impl Lab {
 
     /// (Re)starts writer `id` (it resumes after the last order it committed).
     pub fn writer(&self, id: u32, orders: u64) -> ChildGuard {
-        let child = Command::new(std::env::current_exe().expect("own path"))
+        let mut child = Command::new(std::env::current_exe().expect("own path"))
             .arg("--writer")
             .env(WriterEnv::DB, &self.db)
             .env(WriterEnv::ID, id.to_string())
             .env(WriterEnv::ORDERS, orders.to_string())
-            .stdout(Stdio::null())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
             .spawn()
             .expect("spawn writer");
+        let stdout = child.stdout.take().expect("writer stdout");
+        let returned = self.returned.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(n) = committed(&line) {
+                    returned.lock().unwrap_or_else(PoisonError::into_inner).insert(n);
+                }
+            }
+        });
         ChildGuard::new(child)
+    }
+
+    /// Waits until the last command sent has its ledger row (applied); false after `WAIT`.
+    pub fn wait_last_command_applied(&self) -> bool {
+        let Some((id, _, _)) = self.commands.last() else {
+            return true;
+        };
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            let applied =
+                rusqlite::Connection::open_with_flags(&self.db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                    .and_then(|c| {
+                        c.query_row(
+                            "SELECT EXISTS (SELECT 1 FROM ledger WHERE command_id = ?1)",
+                            [id.as_bytes().as_slice()],
+                            |r| r.get::<_, bool>(0),
+                        )
+                    })
+                    .unwrap_or(false);
+            if applied {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
     }
 
     /// Sends `n` credit commands to the device's command topic (directly to the broker; the
@@ -165,7 +211,19 @@ impl Lab {
     /// Runs the device without faults until it reports done, then waits for the consumer to
     /// have every committed order (bounded) and judges.
     pub fn finish(&self, scenario: &str, faults: usize) -> Verdict {
-        let mut device = self.start(None);
+        self.settle(self.start(None), scenario, faults)
+    }
+
+    /// Asks `device`, which lived through the scenario's faults, to stop committing and drain,
+    /// and judges what it does: a relay that did not recover shows here, where a fresh process
+    /// would hide it.
+    pub fn finish_in_place(&self, mut device: Device, scenario: &str, faults: usize) -> Verdict {
+        device.ask_to_finish(self.commands.len());
+        self.settle(device, scenario, faults)
+    }
+
+    /// Waits for `device` to say "done" (see `wait_done`), then for the consumer, and judges.
+    fn settle(&self, mut device: Device, scenario: &str, faults: usize) -> Verdict {
         let stuck = self.wait_done(&mut device);
         if stuck.is_some() {
             device.kill();
@@ -177,7 +235,18 @@ impl Lab {
             );
         }
         self.wait_for_orders();
-        let mut verdict = checker::judge(scenario, &self.db, &self.sub.messages(), &self.commands);
+        let returned = self
+            .returned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let mut verdict = checker::judge(
+            scenario,
+            &self.db,
+            &self.sub.messages(),
+            &self.commands,
+            &returned,
+        );
         verdict.faults = faults;
         verdict.allow_broker_loss = self.allow_broker_loss;
         verdict.notes.extend(stuck);
@@ -223,6 +292,16 @@ impl Lab {
         }
     }
 
+    /// The ids of the commands the device applied (its ledger), as their receipts carry them.
+    fn applied_commands(&self) -> Vec<String> {
+        let conn = rusqlite::Connection::open(&self.db).expect("db");
+        let mut stmt = conn.prepare("SELECT command_id FROM ledger").expect("prepare");
+        stmt.query_map([], |r| r.get::<_, Vec<u8>>(0))
+            .expect("query")
+            .filter_map(|id| MessageId::from_slice(&id.ok()?).ok().map(|id| id.to_string()))
+            .collect()
+    }
+
     fn committed_orders(&self) -> Vec<i64> {
         let conn = rusqlite::Connection::open(&self.db).expect("db");
         let mut stmt = conn.prepare("SELECT n FROM orders").expect("prepare");
@@ -238,18 +317,21 @@ impl Lab {
     fn wait_for_orders(&self) {
         const QUIET: Duration = Duration::from_secs(5);
         let mut missing: HashSet<i64> = self.committed_orders().into_iter().collect();
+        let mut receipts: HashSet<String> = self.applied_commands().into_iter().collect();
         let mut decoded = 0;
         let deadline = Instant::now() + WAIT;
-        while !missing.is_empty() && Instant::now() < deadline {
+        while !(missing.is_empty() && receipts.is_empty()) && Instant::now() < deadline {
             let before = decoded;
             self.sub.wait_messages(QUIET, |msgs| {
                 for m in &msgs[decoded..] {
                     if let Some(n) = order_number(m) {
                         missing.remove(&n);
+                    } else if let Some(id) = receipt(m) {
+                        receipts.remove(&id);
                     }
                 }
                 decoded = msgs.len();
-                missing.is_empty()
+                missing.is_empty() && receipts.is_empty()
             });
             if decoded == before {
                 break;
@@ -273,6 +355,11 @@ impl Lab {
     }
 }
 
+/// The order number of a `committed <n>` line.
+fn committed(line: &str) -> Option<i64> {
+    line.strip_prefix("committed ")?.parse().ok()
+}
+
 /// The order number an order message carries, if it is one.
 fn order_number(m: &super::support::Message) -> Option<i64> {
     if !m.topic.starts_with("orders/") {
@@ -280,6 +367,14 @@ fn order_number(m: &super::support::Message) -> Option<i64> {
     }
     let env = Envelope::decode(&m.payload).ok()?;
     env.payload_as::<(i64, String, i64)>().ok().map(|(n, _, _)| n)
+}
+
+/// The command id a receipt carries, if the message is one.
+fn receipt(m: &super::support::Message) -> Option<String> {
+    if m.topic != "device/receipts" {
+        return None;
+    }
+    Envelope::decode(&m.payload).ok()?.payload_as::<String>().ok()
 }
 
 /// A running device process.
@@ -335,6 +430,16 @@ impl Device {
                 Ok(_) => {}
                 Err(_) => return false,
             }
+        }
+    }
+
+    /// Asks the device to stop committing and drain, with `commands` applied (a `finish` line on
+    /// its stdin).
+    pub fn ask_to_finish(&mut self, commands: usize) {
+        use std::io::Write as _;
+        if let Some(stdin) = self.child.stdin.as_mut() {
+            let _ = writeln!(stdin, "finish {commands}");
+            let _ = stdin.flush();
         }
     }
 

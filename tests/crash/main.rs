@@ -25,6 +25,7 @@ use scenarios::Rng;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--device") {
+        lifeline();
         if let Err(e) = device::run() {
             eprintln!("device: {e}");
             std::process::exit(1);
@@ -32,6 +33,7 @@ fn main() {
         return;
     }
     if args.iter().any(|a| a == "--writer") {
+        lifeline();
         if let Err(e) = writer::run() {
             eprintln!("writer: {e}");
             std::process::exit(1);
@@ -79,13 +81,16 @@ fn main() {
     // Cheapest first: under a mutant, the first scenario that catches it ends the run.
     for keep_sent in [false, true] {
         for (point, nth) in [
-            ("after-business-commit", 100),
+            ("after-commit-returned", 100),
             ("after-publish-before-puback", 100),
             ("after-puback-before-mark", 100),
             // The first mark transaction: how many there are depends on how acks batch under load
             // (a loaded machine once marked all 400 rows in two).
             ("mid-mark", 1),
             ("command-stored-before-ack", 2),
+            // Events, not lines of code: the ack on the wire, the effect's commit returned.
+            ("command-acked", 2),
+            ("effect-committed", 2),
             ("handler-mid-effect", 2),
             // The attempt is committed, the handler has not run: counted, then retried once.
             ("attempt-claimed", 2),
@@ -108,6 +113,22 @@ fn main() {
         Vec::new()
     };
     finish(&verdicts, &outcomes);
+}
+
+/// A device or writer lives as long as the orchestrator: the orchestrator holds the other end of
+/// its stdin, which closes when it exits, however it exits (a SIGTERM to the test run, a panic).
+/// A `finish <commands>` line on it asks a device to stop committing and drain, with that many
+/// commands applied (`device::FINISH`).
+fn lifeline() {
+    std::thread::spawn(|| {
+        use std::io::BufRead;
+        for line in std::io::stdin().lock().lines().map_while(Result::ok) {
+            if let Some(commands) = line.strip_prefix("finish ").and_then(|c| c.parse().ok()) {
+                device::FINISH.store(commands, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        std::process::exit(3);
+    });
 }
 
 /// Prints the table (and writes it where `CRASH_TABLE` says) and exits: 1 if any scenario found

@@ -6,6 +6,50 @@ use std::time::Instant;
 
 use edge_outbox::mutant::MUTANTS;
 
+use super::support::ChildGuard;
+
+/// A mutant may make a run hang somewhere the scenarios' own bounds do not reach: a run past
+/// this is killed and counts as not caught.
+const RUN_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// What a mutant run printed, and how it ended (`None`: killed at the limit).
+struct Output {
+    status: Option<std::process::ExitStatus>,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+fn wait_bounded(mut child: ChildGuard, limit: std::time::Duration) -> Output {
+    use std::io::Read;
+    let read = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let stdout = read(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stderr = read(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            break Some(status);
+        }
+        if Instant::now() >= deadline {
+            child.kill_and_wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    }
+}
+
 /// How the harness fared against one mutant.
 pub struct Outcome {
     pub mutant: &'static str,
@@ -19,17 +63,19 @@ pub fn run_all() -> Vec<Outcome> {
     let mut outcomes = Vec::new();
     for &mutant in MUTANTS {
         let started = Instant::now();
-        let out = Command::new(std::env::current_exe().expect("own path"))
+        let child = Command::new(std::env::current_exe().expect("own path"))
             .env("EDGE_OUTBOX_MUTANT", mutant)
             // Its table is not the one to publish.
             .env_remove("CRASH_TABLE")
-            // A mutant may well make a run hang somewhere; the scenarios' own bounds end it.
             .stdin(Stdio::null())
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .expect("run the harness against a mutant");
+        let out = wait_bounded(ChildGuard::new(child), RUN_LIMIT);
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        if out.status.success() {
+        if out.status.is_some_and(|s| s.success()) {
             println!("crash: mutant {mutant} SURVIVED ({:.1?})", started.elapsed());
             outcomes.push(Outcome {
                 mutant,

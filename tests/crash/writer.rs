@@ -58,6 +58,7 @@ pub fn run() -> Result<(), Box<dyn std::error::Error>> {
                 tx.rollback()?;
             } else {
                 tx.commit()?;
+                println!("committed {n}");
             }
         }
         std::thread::sleep(Duration::from_micros(500));
