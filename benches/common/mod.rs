@@ -2,6 +2,8 @@
 //! and numeric settings from the environment.
 //! `mod common;` from `benches/*.rs`; each benchmark adds the draws it needs with its own `impl`.
 
+#![allow(dead_code, reason = "each benchmark uses a part")]
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch, as the crate stamps rows and envelopes.

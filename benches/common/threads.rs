@@ -2,6 +2,8 @@
 //!
 //! `#[path = "common/threads.rs"] mod threads;` from the benchmarks that count them.
 
+#![allow(dead_code, reason = "each benchmark uses a part")]
+
 /// CPU seconds and context switches (voluntary + involuntary) of threads, summed.
 #[derive(Clone, Copy, Default, Debug)]
 pub struct Usage {
