@@ -5,9 +5,9 @@
 //! not yet marked. The second share is the relay's own: marks that lag behind PUBACKs turn every
 //! crash into hundreds of resends, each paid for on a metered link.
 //!
-//! A store with a backlog (`EDGE_OUTBOX_BENCH_CRASH_ROWS`, default 20,000) is drained by a relay
+//! A store with a backlog (`EDGE_OUTBOX_BENCH_CRASH_ROWS`, default 300,000) is drained by a relay
 //! in a child process (this binary again, `EDGE_OUTBOX_BENCH_CHILD=relay`) that is killed with
-//! SIGKILL at a random moment 100 to 600 ms after each start, `EDGE_OUTBOX_BENCH_KILLS` times
+//! SIGKILL at a random moment 50 to 250 ms after each start, `EDGE_OUTBOX_BENCH_KILLS` times
 //! (default 30); a last child drains the rest. A subscriber that stays connected throughout counts
 //! every delivery by sequence number: duplicates = deliveries - distinct messages.
 //!
@@ -61,7 +61,7 @@ fn main() -> BoxResult<()> {
     if std::env::var(CHILD_ENV).as_deref() == Ok("relay") {
         return child();
     }
-    let rows = env_num("EDGE_OUTBOX_BENCH_CRASH_ROWS", 20_000.0)?.round() as usize;
+    let rows = env_num("EDGE_OUTBOX_BENCH_CRASH_ROWS", 300_000.0)?.round() as usize;
     let kills = env_num("EDGE_OUTBOX_BENCH_KILLS", 30.0)?.round() as usize;
     let base = match std::env::var_os("EDGE_OUTBOX_BENCH_DIR") {
         Some(dir) => PathBuf::from(dir),
@@ -101,7 +101,7 @@ fn main() -> BoxResult<()> {
     let started = Instant::now();
     while killed < kills {
         let mut c = spawn(&path, port)?;
-        thread::sleep(Duration::from_millis(100 + rng.next_u64() % 500));
+        thread::sleep(Duration::from_millis(50 + rng.next_u64() % 200));
         c.kill_and_wait();
         killed += 1;
         if arrivals.counts().1 == rows {

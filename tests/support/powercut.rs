@@ -214,6 +214,8 @@ struct State {
     counters: Counters,
     /// Bytes written and syncs per inode (they carry over cuts, as `counters` do).
     per_file: HashMap<u64, (u64, u64)>,
+    /// The last name each inode had, kept after it is unlinked (for `file_counters`).
+    names: HashMap<u64, String>,
     /// Set by a cut: the instance still mounted serves nothing and changes nothing any more.
     dead: bool,
     /// An injected disk failure, until cleared.
@@ -249,6 +251,7 @@ impl State {
             next_ino: ROOT + 1,
             counters: Counters::default(),
             per_file: HashMap::new(),
+            names: HashMap::new(),
             dead: false,
             fault: None,
         }
@@ -325,6 +328,7 @@ impl State {
             next_ino: self.next_ino,
             counters,
             per_file: self.per_file.clone(),
+            names: self.names.clone(),
             dead: false,
             fault: None,
         };
@@ -397,6 +401,7 @@ impl State {
         }
         dir.current.insert(name.to_owned(), ino);
         dir.meta.mtime = SystemTime::now();
+        self.names.insert(ino, name.to_string_lossy().into_owned());
         self.next_ino += 1;
         self.nodes.insert(ino, node);
         self.attr(ino).ok_or(Errno::EIO)
@@ -609,6 +614,7 @@ impl Filesystem for Fs {
             }
             s.dir(parent.0)?.current.remove(name);
             s.dir(newparent.0)?.current.insert(newname.to_owned(), ino);
+            s.names.insert(ino, newname.to_string_lossy().into_owned());
             Ok(())
         }) {
             Ok(()) => reply.ok(),
@@ -845,19 +851,11 @@ impl PowerCutFs {
     /// nor synced are left out).
     pub fn file_counters(&self) -> Vec<FileCount> {
         let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut names: HashMap<u64, String> = HashMap::new();
-        for node in s.nodes.values() {
-            if let Node::Dir(d) = node {
-                for (name, ino) in &d.current {
-                    names.insert(*ino, name.to_string_lossy().into_owned());
-                }
-            }
-        }
         let mut out: Vec<FileCount> = s
             .per_file
             .iter()
             .map(|(ino, &(bytes, syncs))| FileCount {
-                name: names.get(ino).cloned().unwrap_or_else(|| format!("(unlinked inode {ino})")),
+                name: s.names.get(ino).cloned().unwrap_or_else(|| format!("(inode {ino})")),
                 bytes,
                 syncs,
             })
