@@ -278,13 +278,14 @@ impl Store {
 
     /// Checks that the file holds exactly what the variants claim to have committed.
     fn check(&self, rows: usize) -> BoxResult<()> {
-        let (orders, outbox, bare): (u64, u64, u64) = self.outbox.with_connection(|c| -> rusqlite::Result<_> {
-            Ok((
-                c.query_row("SELECT count(*) FROM orders", [], |r| r.get(0))?,
-                c.query_row("SELECT count(*) FROM outbox", [], |r| r.get(0))?,
-                c.query_row("SELECT count(*) FROM bare_outbox", [], |r| r.get(0))?,
-            ))
-        })?;
+        let (orders, outbox, bare): (u64, u64, u64) =
+            self.outbox.with_connection(|c| -> rusqlite::Result<_> {
+                Ok((
+                    c.query_row("SELECT count(*) FROM orders", [], |r| r.get(0))?,
+                    c.query_row("SELECT count(*) FROM outbox", [], |r| r.get(0))?,
+                    c.query_row("SELECT count(*) FROM bare_outbox", [], |r| r.get(0))?,
+                ))
+            })?;
         let [a, b, c, d] = self.committed.map(|n| n * rows as u64);
         if orders != a + b + c + d || outbox != b + c || bare != d {
             return Err(format!(
@@ -564,7 +565,10 @@ fn main() -> BoxResult<()> {
         for (i, v) in ["a", "b", "c", "d"].iter().enumerate() {
             println!("bench: enqueue_{name}_{v}_tx_per_s {:.0}", o.tps[i]);
         }
-        for (i, v) in ["b_over_d", "b_over_c", "b_over_a", "d_over_a", "c_over_a"].iter().enumerate() {
+        for (i, v) in ["b_over_d", "b_over_c", "b_over_a", "d_over_a", "c_over_a"]
+            .iter()
+            .enumerate()
+        {
             println!("bench: enqueue_{name}_{v} {:.3}", o.ratios[i][0]);
         }
     }

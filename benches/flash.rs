@@ -88,7 +88,14 @@ impl Outcome {
 fn measure(config: &Config, port: u16, msgs: usize) -> BoxResult<Outcome> {
     let fs = PowerCutFs::mount().map_err(|e| format!("this benchmark needs FUSE: {e}"))?;
     let path = fs.path().join("device.db");
-    let payload = ("pump-01", "discharge_pressure", 412.5_f64, "kPa", true, 1_700_000_000_000_i64);
+    let payload = (
+        "pump-01",
+        "discharge_pressure",
+        412.5_f64,
+        "kPa",
+        true,
+        1_700_000_000_000_i64,
+    );
     {
         let outbox = Outbox::open_with(&path, Options::new().synchronous(config.sync))?;
         outbox.with_connection(|c| {
@@ -176,7 +183,11 @@ fn main() -> BoxResult<()> {
             per(o.total_bytes()),
             o.syncs() as f64 / o.msgs as f64
         );
-        lines.push(format!("bench: flash_bytes_per_msg_{} {:.0}", config.name, per(o.total_bytes())));
+        lines.push(format!(
+            "bench: flash_bytes_per_msg_{} {:.0}",
+            config.name,
+            per(o.total_bytes())
+        ));
         lines.push(format!(
             "bench: fsyncs_per_msg_{} {:.3}",
             config.name,

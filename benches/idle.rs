@@ -130,7 +130,10 @@ fn main() -> BoxResult<()> {
     println!();
     println!("bench: idle_wakeups_per_s {wakeups:.2}");
     println!("bench: idle_cpu_ms_per_s {:.3}", total.cpu_secs * 1e3 / secs);
-    println!("bench: foreign_commit_to_publish_p50_ms {:.1}", quantile(&took, 0.5));
+    println!(
+        "bench: foreign_commit_to_publish_p50_ms {:.1}",
+        quantile(&took, 0.5)
+    );
     println!("bench: foreign_commit_to_publish_p99_ms {p99:.1}");
     Ok(())
 }

@@ -341,7 +341,13 @@ fn drain_section(
     // Warm-up: mosquitto's allocations, the page cache, code paths.
     let warm = (n / 10).max(100);
     drain_raw(port, broker, arrivals, &msgs[..warm as usize], window)?;
-    drain_relay(port, broker, arrivals, Backlog::fill(dir, warm, Synchronous::Full)?, window)?;
+    drain_relay(
+        port,
+        broker,
+        arrivals,
+        Backlog::fill(dir, warm, Synchronous::Full)?,
+        window,
+    )?;
 
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
     let per_msg = |secs: f64| secs * 1e6 / n as f64;

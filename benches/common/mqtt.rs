@@ -100,7 +100,9 @@ impl RawConnection {
             RawConnection::V4(c) => match c.recv_timeout(timeout) {
                 Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_)))) => Ok(RawEvent::PubAck),
                 Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_)))) => Ok(RawEvent::ConnAck),
-                Ok(Ok(rumqttc::Event::Outgoing(rumqttc::Outgoing::Disconnect))) => Ok(RawEvent::DisconnectSent),
+                Ok(Ok(rumqttc::Event::Outgoing(rumqttc::Outgoing::Disconnect))) => {
+                    Ok(RawEvent::DisconnectSent)
+                }
                 Ok(Ok(_)) => Ok(RawEvent::Other),
                 Ok(Err(e)) => Err(format!("raw rumqttc: {e}")),
                 Err(e) => Err(format!("raw rumqttc: {e:?}")),
@@ -170,43 +172,49 @@ impl Arrivals {
         let (ready_tx, ready_rx) = crossbeam_channel::bounded::<()>(1);
         let thread = {
             let (shared, client) = (shared.clone(), client.clone());
-            thread::Builder::new().name("bench-subscriber".into()).spawn(move || {
-                for event in connection.iter() {
-                    match event {
-                        Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_))) => {
-                            let _ = client.try_subscribe(FILTER, rumqttc::QoS::AtMostOnce);
-                        }
-                        Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_))) => {
-                            let _ = ready_tx.try_send(());
-                        }
-                        Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
-                            let now = Instant::now();
-                            let seq = Envelope::decode(&p.payload).ok().map(|e| e.seq);
-                            let (lock, cv) = &*shared;
-                            let mut s = lock.lock().unwrap_or_else(PoisonError::into_inner);
-                            match seq.and_then(|q| usize::try_from(q).ok()).filter(|&q| q >= 1 && q <= s.at.len()) {
-                                Some(q) => {
-                                    s.total += 1;
-                                    if s.at[q - 1].is_none() {
-                                        s.at[q - 1] = Some(now);
-                                        s.distinct += 1;
-                                        cv.notify_all();
+            thread::Builder::new()
+                .name("bench-subscriber".into())
+                .spawn(move || {
+                    for event in connection.iter() {
+                        match event {
+                            Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_))) => {
+                                let _ = client.try_subscribe(FILTER, rumqttc::QoS::AtMostOnce);
+                            }
+                            Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_))) => {
+                                let _ = ready_tx.try_send(());
+                            }
+                            Ok(rumqttc::Event::Incoming(rumqttc::Packet::Publish(p))) => {
+                                let now = Instant::now();
+                                let seq = Envelope::decode(&p.payload).ok().map(|e| e.seq);
+                                let (lock, cv) = &*shared;
+                                let mut s = lock.lock().unwrap_or_else(PoisonError::into_inner);
+                                match seq
+                                    .and_then(|q| usize::try_from(q).ok())
+                                    .filter(|&q| q >= 1 && q <= s.at.len())
+                                {
+                                    Some(q) => {
+                                        s.total += 1;
+                                        if s.at[q - 1].is_none() {
+                                            s.at[q - 1] = Some(now);
+                                            s.distinct += 1;
+                                            cv.notify_all();
+                                        }
                                     }
+                                    None => s.strays += 1,
                                 }
-                                None => s.strays += 1,
+                            }
+                            Ok(rumqttc::Event::Outgoing(rumqttc::Outgoing::Disconnect)) => break,
+                            Ok(_) => {}
+                            Err(e) => {
+                                let (lock, cv) = &*shared;
+                                lock.lock().unwrap_or_else(PoisonError::into_inner).error =
+                                    Some(e.to_string());
+                                cv.notify_all();
+                                break;
                             }
                         }
-                        Ok(rumqttc::Event::Outgoing(rumqttc::Outgoing::Disconnect)) => break,
-                        Ok(_) => {}
-                        Err(e) => {
-                            let (lock, cv) = &*shared;
-                            lock.lock().unwrap_or_else(PoisonError::into_inner).error = Some(e.to_string());
-                            cv.notify_all();
-                            break;
-                        }
                     }
-                }
-            })?
+                })?
         };
         ready_rx
             .recv_timeout(Duration::from_secs(10))
@@ -255,14 +263,13 @@ impl Arrivals {
             if s.distinct != progress.0 {
                 progress = (s.distinct, Instant::now());
             } else if progress.1.elapsed() > stall {
-                let missing: Vec<usize> = s
-                    .at
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, t)| t.is_none())
-                    .map(|(i, _)| i + 1)
-                    .take(5)
-                    .collect();
+                let missing: Vec<usize> =
+                    s.at.iter()
+                        .enumerate()
+                        .filter(|(_, t)| t.is_none())
+                        .map(|(i, _)| i + 1)
+                        .take(5)
+                        .collect();
                 return Err(format!(
                     "the subscriber holds {} of {} messages after {stall:?} without progress \
                      (missing e.g. seq {missing:?}; the broker drops what overflows max_queued_messages)",

@@ -153,6 +153,8 @@ pub(crate) fn mark_acked(conn: &mut Connection, options: &Options, seqs: &mut Ve
     let half = seqs.len() / 2;
     let _turn = crate::store::gate::enter(conn, options.busy_timeout)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    // What others inserted is counted in first, so that the counters stay a short read away.
+    crate::store::counters::fold(&tx)?;
     {
         let now = now_ms();
         let mut keep = options

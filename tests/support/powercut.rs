@@ -855,7 +855,11 @@ impl PowerCutFs {
             .per_file
             .iter()
             .map(|(ino, &(bytes, syncs))| FileCount {
-                name: s.names.get(ino).cloned().unwrap_or_else(|| format!("(inode {ino})")),
+                name: s
+                    .names
+                    .get(ino)
+                    .cloned()
+                    .unwrap_or_else(|| format!("(inode {ino})")),
                 bytes,
                 syncs,
             })
