@@ -5,7 +5,7 @@
 //! FUSE, in memory), which counts every `write` and `fsync` per file as the kernel hands it over
 //! (no page cache in between: every `write(2)` reaches it, and the shared-memory file's mapped
 //! pages are written back by the kernel). For each configuration (`synchronous` FULL and NORMAL,
-//! 1 and 100 messages per transaction) a fresh store, a relay connected to mosquitto, then
+//! 1 and 100 messages per transaction, and 1 with 1024-byte pages) a fresh store, a relay connected to mosquitto, then
 //! transactions committed 5 ms apart (the device's pace) until `EDGE_OUTBOX_BENCH_FLASH_MSGS`
 //! messages (default 2,000) are committed; the run ends once every message is published and
 //! marked, the WAL checkpointed (`wal_checkpoint(TRUNCATE)`) and free pages vacuumed
@@ -33,28 +33,46 @@ struct Config {
     name: &'static str,
     sync: Synchronous,
     per_tx: usize,
+    page_size: u32,
 }
 
-const CONFIGS: [Config; 4] = [
+const CONFIGS: [Config; 6] = [
     Config {
         name: "full_1",
         sync: Synchronous::Full,
         per_tx: 1,
+        page_size: 4096,
     },
     Config {
         name: "full_100",
         sync: Synchronous::Full,
         per_tx: 100,
+        page_size: 4096,
     },
     Config {
         name: "normal_1",
         sync: Synchronous::Normal,
         per_tx: 1,
+        page_size: 4096,
     },
     Config {
         name: "normal_100",
         sync: Synchronous::Normal,
         per_tx: 100,
+        page_size: 4096,
+    },
+    // What `Options::page_size` trades (docs/operations.md, "Flash wear").
+    Config {
+        name: "full_1_page1024",
+        sync: Synchronous::Full,
+        per_tx: 1,
+        page_size: 1024,
+    },
+    Config {
+        name: "normal_1_page1024",
+        sync: Synchronous::Normal,
+        per_tx: 1,
+        page_size: 1024,
     },
 ];
 
@@ -97,7 +115,12 @@ fn measure(config: &Config, port: u16, msgs: usize) -> BoxResult<Outcome> {
         1_700_000_000_000_i64,
     );
     {
-        let outbox = Outbox::open_with(&path, Options::new().synchronous(config.sync))?;
+        let outbox = Outbox::open_with(
+            &path,
+            Options::new()
+                .synchronous(config.sync)
+                .page_size(config.page_size),
+        )?;
         outbox.with_connection(|c| {
             c.execute_batch("CREATE TABLE readings (id INTEGER PRIMARY KEY, value REAL NOT NULL)")
         })?;
@@ -167,7 +190,7 @@ fn main() -> BoxResult<()> {
         .map_err(|e| format!("this benchmark needs mosquitto: {e}"))?;
     println!("edge-outbox flash benchmark: {msgs} messages per configuration, one transaction every 5 ms");
     println!(
-        "   {:<12} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "   {:<18} {:>10} {:>10} {:>10} {:>10} {:>10}",
         "", "db B/msg", "wal B/msg", "shm B/msg", "all B/msg", "fsync/msg"
     );
     let mut lines = Vec::new();
@@ -175,7 +198,7 @@ fn main() -> BoxResult<()> {
         let o = measure(config, broker.port(), msgs)?;
         let per = |b: u64| b as f64 / o.msgs as f64;
         println!(
-            "   {:<12} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>10.3}",
+            "   {:<18} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>10.3}",
             config.name,
             per(o.bytes(".db")),
             per(o.bytes("-wal")),

@@ -5,8 +5,10 @@
 //! deleted, whoever deletes it. Rows above it (the tail: inserted since the last fold, by this
 //! process or any other) are counted when read. A fold counts the tail into the counters and
 //! moves `counted_through` up; it runs now and then (a writer every [`FOLD_TAIL`] rows, the
-//! marker with its marks, the relay's cleanup, and before every insert into a bounded outbox), so
-//! the tail stays short and a read costs a few rows whatever the backlog.
+//! relay's periodic cleanup, and before every insert into a bounded outbox), so the tail stays
+//! short and a read costs a few rows whatever the backlog. The relay's marks do not fold: a
+//! relay that keeps up deletes rows of the tail, which were never counted, so its marks do not
+//! touch the counters either.
 //!
 //! Why: a counter updated by a trigger on every insert wrote the counters' page to the WAL at
 //! every commit and ran a statement per row, most of what a message cost beyond its own row.
