@@ -40,6 +40,7 @@ use crate::mqtt::status::StatusCell;
 use crate::mqtt::tracker::{Seq, Tracker};
 use crate::mqtt::{Aliases, MqttClient, Protocol};
 use crate::store::Options;
+use crate::store::uptime::UptimeClock;
 
 pub(crate) struct Publisher {
     pub conn: Connection,
@@ -106,6 +107,8 @@ struct State {
     stopping: Option<Instant>,
     next_tick: Instant,
     next_prune: Instant,
+    /// The time this relay runs, written forward into the file (retention's second clock).
+    uptime: UptimeClock,
 }
 
 /// A row that was the oldest unacknowledged one when connections died.
@@ -153,6 +156,7 @@ impl Publisher {
             stopping: None,
             next_tick: now + TICK,
             next_prune: now + self.config.prune_interval,
+            uptime: UptimeClock::start(),
         };
         let mut stop = self.stop.clone();
         let mut burst = 0;
@@ -204,6 +208,9 @@ impl Publisher {
             }
         }
         self.marks.sync(&mut s.acked);
+        if let Err(e) = s.uptime.advance(&self.conn, true) {
+            tracing::warn!(error = %e, "could not write the uptime clock forward");
+        }
         if let Some(live) = &s.live {
             // A clean DISCONNECT: the broker discards the last will, so `offline` is not sent
             // for a planned stop (the status topic gets it published explicitly instead).
@@ -581,6 +588,9 @@ impl Publisher {
                 s,
                 Cause::new(CauseKind::Retry, format!("{why}; publishing it again")),
             );
+        }
+        if let Err(e) = s.uptime.advance(&self.conn, false) {
+            tracing::warn!(error = %e, "could not write the uptime clock forward");
         }
         if now >= s.next_prune && s.stopping.is_none() {
             let done = match crate::store::maintain_for(&self.conn, &self.options, PRUNE_SLICE) {

@@ -10,6 +10,7 @@ pub(crate) mod outbox;
 mod reentry;
 mod schema;
 mod stats;
+pub(crate) mod uptime;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

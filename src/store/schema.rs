@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use crate::error::{Error, Result};
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Column default for "now" in Unix milliseconds. `julianday` works in every SQLite a foreign
 /// writer may link (Debian's Python ships 3.40), unlike `unixepoch('subsec')` (3.42+).
@@ -21,7 +21,7 @@ macro_rules! now_ms_sql {
 }
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: &[&str] = &[V1, V2];
+const MIGRATIONS: &[&str] = &[V1, V2, V3];
 
 /// Version 1: the outbox, the inbox, dead letters.
 const V1: &str = concat!(
@@ -139,6 +139,16 @@ ALTER TABLE inbox ADD COLUMN claimed_by TEXT;
 ALTER TABLE inbox ADD COLUMN retained INTEGER NOT NULL DEFAULT 0 CHECK (retained IN (0, 1));
 CREATE INDEX inbox_claimed ON inbox (seq) WHERE attempt_started_at IS NOT NULL;
 CREATE INDEX inbox_retained ON inbox (topic, seq) WHERE retained = 1;
+";
+
+/// Version 3: the uptime clock (src/store/uptime.rs), and the stamps retention compares with it.
+const V3: &str = "
+INSERT INTO edge_outbox_meta (name, value) VALUES ('uptime_ms', 0) ON CONFLICT (name) DO NOTHING;
+-- The uptime clock when the row was moved here (acknowledged); NULL for rows from version 2.
+ALTER TABLE outbox_sent ADD COLUMN sent_uptime INTEGER;
+-- The uptime clock when the command was applied or set aside as dead; NULL before that, and for
+-- rows from version 2.
+ALTER TABLE inbox ADD COLUMN done_uptime INTEGER;
 ";
 
 /// The schema version of the store `conn` is on: 0 for a file edge-outbox has never opened. Reads
