@@ -175,7 +175,10 @@ fn status_reports_the_store_in_text_and_json() -> TestResult {
     assert_eq!(text.code, Some(0), "{text:#?}");
     assert!(text.stderr.is_empty(), "{text:#?}");
     for needle in [
-        "(schema 2; this build supports 2)",
+        &format!(
+            "(schema {v}; this build supports {v})",
+            v = edge_outbox::SCHEMA_VERSION
+        ),
         &format!(
             "pending       3 messages, {} B, the oldest waiting for ",
             stats.pending_bytes
@@ -188,7 +191,7 @@ fn status_reports_the_store_in_text_and_json() -> TestResult {
     }
 
     let json = on(&f.db, &["status", "--json"]).json()?;
-    assert_eq!(json["schema_version"], 2);
+    assert_eq!(json["schema_version"], edge_outbox::SCHEMA_VERSION);
     assert_eq!(json["supported_schema_version"], edge_outbox::SCHEMA_VERSION);
     // The CLI reads the documented schema itself; it must agree with the library.
     assert_eq!(json["pending"]["messages"], stats.pending_messages);

@@ -277,8 +277,8 @@ fn opening_an_up_to_date_file_takes_no_write_lock() {
     writer.execute_batch("COMMIT").expect("commit");
 }
 
-/// Version 3's counters undone: what version 2 wrote (a trigger per insert and per delete).
-const DOWN_TO_2: &str = "
+/// Version 4's counters undone: what version 3 wrote (a trigger per insert and per delete).
+const DOWN_TO_3: &str = "
     DROP TRIGGER outbox_count_delete;
     ALTER TABLE outbox_counters DROP COLUMN counted_through;
     CREATE TRIGGER outbox_count_insert AFTER INSERT ON outbox BEGIN
@@ -291,13 +291,20 @@ const DOWN_TO_2: &str = "
     END;
     UPDATE outbox_counters SET pending_count = (SELECT count(*) FROM outbox),
         pending_bytes = (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox);
+    UPDATE edge_outbox_meta SET value = 3 WHERE name = 'schema_version';";
+
+/// Version 3's uptime clock undone (after [`DOWN_TO_3`]): what version 2 wrote.
+const DOWN_TO_2: &str = "
+    ALTER TABLE outbox_sent DROP COLUMN sent_uptime;
+    ALTER TABLE inbox DROP COLUMN done_uptime;
+    DELETE FROM edge_outbox_meta WHERE name = 'uptime_ms';
     UPDATE edge_outbox_meta SET value = 2 WHERE name = 'schema_version';";
 
-/// A version 2 file (counters kept by a trigger per row) is migrated to version 3 with its counts:
+/// A version 3 file (counters kept by a trigger per row) is migrated to version 4 with its counts:
 /// the pending rows it had are counted, and rows inserted and deleted after it, by the crate or
 /// by plain SQL, are counted right.
 #[test]
-fn version_2_counters_are_migrated_and_stay_exact() -> TestResult {
+fn version_3_counters_are_migrated_and_stay_exact() -> TestResult {
     let (_dir, path) = temp_db()?;
     {
         let outbox = Outbox::open(&path)?;
@@ -306,13 +313,13 @@ fn version_2_counters_are_migrated_and_stay_exact() -> TestResult {
         }
         drop(outbox);
         let conn = rusqlite::Connection::open(&path)?;
-        conn.execute_batch(DOWN_TO_2)?;
-        let v2: (i64, i64) = conn.query_row(
+        conn.execute_batch(DOWN_TO_3)?;
+        let v3: (i64, i64) = conn.query_row(
             "SELECT pending_count, pending_bytes FROM outbox_counters",
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
-        assert_eq!(v2.0, 5);
+        assert_eq!(v3.0, 5);
     }
     let outbox = Outbox::open(&path)?;
     assert_eq!(schema_version(&outbox)?, SCHEMA_VERSION);
@@ -363,6 +370,7 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
         drop(outbox);
         // Back to what version 1 wrote, as an older build left the file.
         let conn = rusqlite::Connection::open(&path)?;
+        conn.execute_batch(DOWN_TO_3)?;
         conn.execute_batch(DOWN_TO_2)?;
         conn.execute_batch(
             "DROP INDEX inbox_claimed;

@@ -11,6 +11,7 @@ pub(crate) mod outbox;
 mod reentry;
 mod schema;
 mod stats;
+pub(crate) mod uptime;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicI64;
