@@ -93,7 +93,7 @@ impl Drop for FileWatch {
 
 #[cfg(target_os = "linux")]
 mod linux {
-    use std::path::{Path, PathBuf};
+    use std::path::Path;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::thread::{self, JoinHandle};
@@ -150,7 +150,7 @@ mod linux {
         }
     }
 
-    fn run(mut inotify: Inotify, wal: &PathBuf, wake: &[Sender<()>], stopping: &AtomicBool) {
+    fn run(mut inotify: Inotify, wal: &Path, wake: &[Sender<()>], stopping: &AtomicBool) {
         let mut buffer = [0u8; 1024];
         loop {
             let gone = match inotify.read_events_blocking(&mut buffer) {

@@ -210,14 +210,14 @@ impl Watch {
             if relay.is_finished() {
                 break None;
             }
-            if self.tty || last_log.elapsed() >= LOG_EVERY {
-                if let Ok(s) = relay.status() {
-                    if self.tty {
-                        logging::show_line(&live_line(&self.broker, &s));
-                    } else {
-                        last_log = Instant::now();
-                        log_summary(&s);
-                    }
+            if (self.tty || last_log.elapsed() >= LOG_EVERY)
+                && let Ok(s) = relay.status()
+            {
+                if self.tty {
+                    logging::show_line(&live_line(&self.broker, &s));
+                } else {
+                    last_log = Instant::now();
+                    log_summary(&s);
                 }
             }
             match rx.recv_timeout(tick) {
