@@ -88,7 +88,7 @@ fn reopening_is_idempotent_and_keeps_data() -> TestResult {
         let again = Outbox::open(&path)?;
         assert_eq!(schema_version(&again)?, SCHEMA_VERSION);
         assert_eq!(schema_sql(&again)?, schema, "reopening changed the schema");
-        assert_eq!(query_i64(&again, "SELECT count(*) FROM edge_outbox_meta")?, 1);
+        assert_eq!(query_i64(&again, "SELECT count(*) FROM edge_outbox_meta")?, 2); // version, uptime clock
         let stored: Vec<u8> =
             again.with_connection(|c| c.query_row("SELECT id FROM outbox", [], |r| r.get(0)))?;
         assert_eq!(stored, id.as_bytes());
@@ -128,7 +128,8 @@ fn handles_racing_to_open_a_new_file_migrate_it_once() -> TestResult {
         }
         assert_eq!(
             query_i64(&handles[0], "SELECT count(*) FROM edge_outbox_meta")?,
-            1
+            2,
+            "one schema version row and one uptime clock"
         );
         assert_eq!(
             query_i64(
