@@ -162,7 +162,7 @@ impl Publisher {
             stopping: None,
             next_tick: now + TICK,
             next_prune: now + self.config.prune_interval,
-            uptime: UptimeClock::start(),
+            uptime: UptimeClock::start(&self.options),
         };
         let mut stop = self.stop.clone();
         let mut burst = 0;
