@@ -175,7 +175,7 @@ impl Publisher {
             unsettled: Unsettled::default(),
             stopping: None,
             next_prune: now + self.config.prune_interval,
-            uptime: UptimeClock::start(),
+            uptime: UptimeClock::start(&self.options),
         };
         let mut stop = self.stop.clone();
         let (mut changes, mut poll) = match self.changes.take() {
