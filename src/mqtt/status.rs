@@ -422,3 +422,43 @@ impl StatusCell {
         }
     }
 }
+
+/// One line for a log or a terminal: the connection, the publishing counters, the command
+/// counters when a command session runs, the last error, then the store ([`Stats`]'s `Display`).
+///
+/// ```
+/// let status = edge_outbox::Status::default();
+/// assert!(status.to_string().starts_with("disconnected, 0 in flight, 0 acknowledged"));
+/// ```
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let connected = if self.connected {
+            "connected"
+        } else {
+            "disconnected"
+        };
+        write!(
+            f,
+            "{connected}, {} in flight, {} acknowledged, {} resent, {} dead-lettered",
+            self.in_flight, self.acknowledged, self.resent, self.dead_lettered
+        )?;
+        if self.commands_connected || self.commands_received > 0 {
+            write!(
+                f,
+                "; commands {}, {} received, {} applied, {} dead-lettered",
+                if self.commands_connected {
+                    "connected"
+                } else {
+                    "disconnected"
+                },
+                self.commands_received,
+                self.commands_applied,
+                self.commands_dead_lettered
+            )?;
+        }
+        if let Some(e) = &self.last_error {
+            write!(f, "; last error: {e}")?;
+        }
+        write!(f, "; store: {}", self.store)
+    }
+}

@@ -51,6 +51,7 @@ use crate::store::{Command, Outbox, Tx, connect};
 /// | [`status_file`](Self::status_file) | false |
 /// | `metrics_file` (feature `metrics`) | none |
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a builder: use the value it returns"]
 pub struct RelayConfig {
     pub(crate) mqtt: MqttConfig,
     pub(crate) source: String,
@@ -291,6 +292,7 @@ impl RelayConfig {
 /// relay.shutdown()?;
 /// # Ok::<(), edge_outbox::Error>(())
 /// ```
+#[must_use = "the relay stops when this handle is dropped; keep it, and call `shutdown` to stop it cleanly"]
 pub struct Relay {
     stop: Option<Sender<()>>,
     threads: Vec<JoinHandle<Result<()>>>,

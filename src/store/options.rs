@@ -45,6 +45,7 @@ pub enum OnFull {
 /// no topics starting with `$`. Every topic is checked at enqueue: non-empty, at most 65,535
 /// bytes, no wildcard and no NUL.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a builder: use the value it returns"]
 pub struct Limits {
     max_payload_bytes: usize,
     allow_dollar_topics: bool,
@@ -165,6 +166,7 @@ impl Limits {
 /// | [`retry_backoff`](Self::retry_backoff) | 1 s doubling to 5 min |
 /// | [`sent_retention`](Self::sent_retention) | none: acknowledged rows are deleted |
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a builder: use the value it returns"]
 pub struct Options {
     pub(crate) synchronous: Synchronous,
     pub(crate) busy_timeout: Duration,
