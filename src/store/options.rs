@@ -238,7 +238,17 @@ impl Options {
     /// device committing one message at a time writes about three pages of flash per message, and
     /// the relay's mark one more. 1024-byte pages cut those bytes by about three quarters; larger
     /// rows and tables then span more pages and lookups walk deeper trees (docs/operations.md,
-    /// "Flash wear", has the figures).
+    /// "Flash wear", has the figures). Any other size is refused by the open
+    /// ([`Error::InvalidConfig`]), before the file is created.
+    ///
+    /// ```
+    /// use edge_outbox::{Options, Outbox};
+    /// # let dir = tempfile::tempdir()?;
+    /// let outbox = Outbox::open_with(dir.path().join("device.db"), Options::new().page_size(1024))?;
+    /// let size: u32 = outbox.with_connection(|c| c.query_row("PRAGMA page_size", [], |r| r.get(0)))?;
+    /// assert_eq!(size, 1024);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn page_size(mut self, bytes: u32) -> Self {
         self.page_size = bytes;
         self
