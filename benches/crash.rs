@@ -63,16 +63,8 @@ fn main() -> BoxResult<()> {
     }
     let rows = env_num("EDGE_OUTBOX_BENCH_CRASH_ROWS", 300_000.0)?.round() as usize;
     let kills = env_num("EDGE_OUTBOX_BENCH_KILLS", 30.0)?.round() as usize;
-    let base = match std::env::var_os("EDGE_OUTBOX_BENCH_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(option_env!("CARGO_TARGET_TMPDIR").unwrap_or(".")),
-    };
-    std::fs::create_dir_all(&base)?;
-    let broker = support::Broker::builder()
-        .kind(support::BrokerKind::Mosquitto)
-        .stock_config(true)
-        .start()
-        .map_err(|e| format!("this benchmark needs mosquitto: {e}"))?;
+    let base = common::bench_dir()?;
+    let broker = mqtt::stock_mosquitto()?;
     let port = broker.port();
     let arrivals = Arrivals::start(port)?;
     let dir = tempfile::Builder::new().prefix("crash-").tempdir_in(&base)?;

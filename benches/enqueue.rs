@@ -220,32 +220,20 @@ impl Store {
                     Ok::<_, edge_outbox::Error>(())
                 })?;
             }
-            Variant::C => outbox.with_connection(|conn| -> BoxResult<()> {
+            // By hand: into the crate's own table (C) or a bare minimal one (D, the floor).
+            Variant::C | Variant::D => outbox.with_connection(|conn| -> BoxResult<()> {
+                let insert = if matches!(variant, Variant::C) {
+                    INSERT_OUTBOX
+                } else {
+                    INSERT_BARE
+                };
                 let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
                 for _ in 0..rows {
                     let o = orders.next();
                     insert_order(&tx, &o)?;
                     buf.clear();
                     ciborium::into_writer(&o, &mut *buf)?;
-                    tx.prepare_cached(INSERT_OUTBOX)?.execute(params![
-                        rng.id(),
-                        TOPIC,
-                        o.order_id,
-                        &buf[..],
-                        now_ms()
-                    ])?;
-                }
-                tx.commit()?;
-                Ok(())
-            })?,
-            Variant::D => outbox.with_connection(|conn| -> BoxResult<()> {
-                let tx = Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
-                for _ in 0..rows {
-                    let o = orders.next();
-                    insert_order(&tx, &o)?;
-                    buf.clear();
-                    ciborium::into_writer(&o, &mut *buf)?;
-                    tx.prepare_cached(INSERT_BARE)?.execute(params![
+                    tx.prepare_cached(insert)?.execute(params![
                         rng.id(),
                         TOPIC,
                         o.order_id,
@@ -478,11 +466,7 @@ fn main() -> BoxResult<()> {
         }
         Err(_) => CONFIGS.iter().collect(),
     };
-    let base = match std::env::var_os("EDGE_OUTBOX_BENCH_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(option_env!("CARGO_TARGET_TMPDIR").unwrap_or(".")),
-    };
-    std::fs::create_dir_all(&base)?;
+    let base = common::bench_dir()?;
     let fs = fs_type(&base);
     // Per configuration: a warm-up of half a slice per variant, then `rounds` slices of each.
     let slice = Duration::from_secs_f64(secs / selected.len().max(1) as f64 / (4.0 * (rounds as f64 + 0.5)));

@@ -183,11 +183,7 @@ fn measure(config: &Config, port: u16, msgs: usize) -> BoxResult<Outcome> {
 
 fn main() -> BoxResult<()> {
     let msgs = env_num("EDGE_OUTBOX_BENCH_FLASH_MSGS", 2000.0)?.round() as usize;
-    let broker = support::Broker::builder()
-        .kind(support::BrokerKind::Mosquitto)
-        .stock_config(true)
-        .start()
-        .map_err(|e| format!("this benchmark needs mosquitto: {e}"))?;
+    let broker = mqtt::stock_mosquitto()?;
     println!("edge-outbox flash benchmark: {msgs} messages per configuration, one transaction every 5 ms");
     println!(
         "   {:<18} {:>10} {:>10} {:>10} {:>10} {:>10}",

@@ -21,7 +21,6 @@ mod support;
 #[path = "common/threads.rs"]
 mod threads;
 
-use std::path::PathBuf;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -43,16 +42,8 @@ fn wait_connected(relay: &Relay) -> BoxResult<()> {
 fn main() -> BoxResult<()> {
     let idle_secs = env_num("EDGE_OUTBOX_BENCH_IDLE_SECS", 30.0)?;
     let samples = env_num("EDGE_OUTBOX_BENCH_FOREIGN_SAMPLES", 200.0)?.round() as usize;
-    let base = match std::env::var_os("EDGE_OUTBOX_BENCH_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(option_env!("CARGO_TARGET_TMPDIR").unwrap_or(".")),
-    };
-    std::fs::create_dir_all(&base)?;
-    let broker = support::Broker::builder()
-        .kind(support::BrokerKind::Mosquitto)
-        .stock_config(true)
-        .start()
-        .map_err(|e| format!("this benchmark needs mosquitto: {e}"))?;
+    let base = common::bench_dir()?;
+    let broker = mqtt::stock_mosquitto()?;
     let port = broker.port();
     let arrivals = Arrivals::start(port)?;
     let dir = tempfile::Builder::new().prefix("idle-").tempdir_in(&base)?;

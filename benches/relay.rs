@@ -682,17 +682,9 @@ fn main() -> BoxResult<()> {
         std::env::var("EDGE_OUTBOX_BENCH_SECTIONS").unwrap_or_else(|_| "drain,latency,memory".into());
     let on = |s: &str| sections.split(',').any(|x| x.trim() == s);
     let scaled = |n: f64| ((n * scale).round() as u64).max(100);
-    let base = match std::env::var_os("EDGE_OUTBOX_BENCH_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(option_env!("CARGO_TARGET_TMPDIR").unwrap_or(".")),
-    };
-    std::fs::create_dir_all(&base)?;
+    let base = common::bench_dir()?;
 
-    let broker = support::Broker::builder()
-        .kind(support::BrokerKind::Mosquitto)
-        .stock_config(true)
-        .start()
-        .map_err(|e| format!("this benchmark needs mosquitto: {e}"))?;
+    let broker = mqtt::stock_mosquitto()?;
     let port = broker.port();
     let broker_pid = broker.pid().map(|p| p.to_string());
     let mosquitto_version = Command::new(support::broker::mosquitto_path().ok_or("mosquitto")?)

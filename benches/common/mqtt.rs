@@ -13,6 +13,15 @@ use edge_outbox::{Envelope, MqttConfig, Protocol, RelayConfig};
 
 pub type BoxResult<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
+/// mosquitto as a fleet runs it: its stock configuration, default receive maximum included.
+pub fn stock_mosquitto() -> BoxResult<crate::support::Broker> {
+    Ok(crate::support::Broker::builder()
+        .kind(crate::support::BrokerKind::Mosquitto)
+        .stock_config(true)
+        .start()
+        .map_err(|e| format!("this benchmark needs mosquitto: {e}"))?)
+}
+
 /// The relay's protocol: `EDGE_OUTBOX_BENCH_MQTT=3.1.1`, else MQTT 5 (the relay's default).
 /// Raw rumqttc speaks the same one, so both get the same window from the broker.
 pub fn protocol() -> Protocol {
