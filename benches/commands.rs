@@ -32,7 +32,6 @@
 //! queues more than 1,000 messages for an offline session, which a stock mosquitto would drop).
 //! The output ends with one `bench: NAME VALUE` line per figure.
 
-#[allow(dead_code, reason = "each bench uses a different part of the shared helpers")]
 mod common;
 #[path = "../tests/support/mod.rs"]
 mod support;

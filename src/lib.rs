@@ -93,6 +93,8 @@
 //! - `demo`: `edge-outbox demo`, with an in-process broker.
 //! - `signed-commands`: the device applies only commands signed (COSE_Sign1, Ed25519) by a key
 //!   it trusts ([`Options::trusted_command_keys`], [`TrustedKeys`], [`CommandSigner`]).
+//! - `metrics`: [`metrics::encode`], the store's and the relay's figures in the Prometheus text
+//!   format, and [`RelayConfig::metrics_file`] (enabled by `cli`).
 //! - `failpoints`: named crash points for the crash tests; never in production builds.
 
 #![forbid(unsafe_code)]
@@ -104,6 +106,8 @@ pub mod envelope;
 mod error;
 #[doc(hidden)]
 pub mod failpoint;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 mod mqtt;
 #[doc(hidden)]
 pub mod mutant;
@@ -122,8 +126,9 @@ pub use rusqlite;
 pub use commands::send_command;
 pub use envelope::{Envelope, MessageId};
 pub use error::{Error, Result};
+pub use mqtt::status::AckLatency;
 pub use mqtt::{MqttConfig, Protocol, TlsConfig};
-pub use relay::{Relay, RelayConfig, Status};
+pub use relay::{Relay, RelayConfig, RelayReport, Status};
 #[cfg(feature = "signed-commands")]
 pub use signed::{CommandSigner, TrustedKeys};
 pub use store::{

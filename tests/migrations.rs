@@ -25,7 +25,7 @@ fn meta_names(outbox: &Outbox) -> TestResult<Vec<String>> {
     })?)
 }
 
-/// Back to what version 2 wrote: no uptime clock, no stamps.
+/// Back to what version 2 wrote (after [`TO_VERSION_3`]): no uptime clock, no stamps.
 const TO_VERSION_2: &str = "ALTER TABLE outbox_sent DROP COLUMN sent_uptime;
      ALTER TABLE inbox DROP COLUMN done_uptime;
      DELETE FROM edge_outbox_meta WHERE name = 'uptime_ms';
@@ -247,12 +247,30 @@ fn invalid_options_are_refused_before_the_file_is_created() -> TestResult {
             std::time::Duration::from_secs(2),
             std::time::Duration::from_secs(1),
         ),
+        edge_outbox::Options::new().page_size(1000),
+        edge_outbox::Options::new().page_size(256),
+        edge_outbox::Options::new().page_size(131_072),
     ];
     for options in bad {
         let err = Outbox::open_with(&path, options).expect_err("invalid");
         assert!(matches!(err, Error::InvalidConfig(_)), "{err:?}");
     }
     assert!(!path.exists(), "an invalid configuration created the file");
+    Ok(())
+}
+
+/// `Options::page_size` applies to a file it creates; an existing file keeps its page size, and
+/// its rows, when opened with another.
+#[test]
+fn page_size_applies_to_new_files_only() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    let outbox = Outbox::open_with(&path, edge_outbox::Options::new().page_size(1024))?;
+    outbox.transaction(|tx| tx.publish("t", "k", &"kept"))?;
+    assert_eq!(query_i64(&outbox, "PRAGMA page_size")?, 1024);
+    drop(outbox);
+    let reopened = Outbox::open_with(&path, edge_outbox::Options::new().page_size(8192))?;
+    assert_eq!(query_i64(&reopened, "PRAGMA page_size")?, 1024);
+    assert_eq!(reopened.stats()?.pending_messages, 1);
     Ok(())
 }
 
@@ -271,6 +289,80 @@ fn opening_an_up_to_date_file_takes_no_write_lock() {
     writer.execute_batch("COMMIT").expect("commit");
 }
 
+/// Version 4's counters undone: what version 3 wrote (a trigger per insert and per delete).
+const TO_VERSION_3: &str = "
+    DROP TRIGGER outbox_count_delete;
+    ALTER TABLE outbox_counters DROP COLUMN counted_through;
+    CREATE TRIGGER outbox_count_insert AFTER INSERT ON outbox BEGIN
+        UPDATE outbox_counters SET pending_count = pending_count + 1,
+            pending_bytes = pending_bytes + length(CAST(NEW.payload AS BLOB)) WHERE only = 1;
+    END;
+    CREATE TRIGGER outbox_count_delete AFTER DELETE ON outbox BEGIN
+        UPDATE outbox_counters SET pending_count = pending_count - 1,
+            pending_bytes = pending_bytes - length(CAST(OLD.payload AS BLOB)) WHERE only = 1;
+    END;
+    UPDATE outbox_counters SET pending_count = (SELECT count(*) FROM outbox),
+        pending_bytes = (SELECT coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox);
+    UPDATE edge_outbox_meta SET value = 3 WHERE name = 'schema_version';";
+
+/// A version 3 file (counters kept by a trigger per row) is migrated to version 4 with its counts:
+/// the pending rows it had are counted, and rows inserted and deleted after it, by the crate or
+/// by plain SQL, are counted right.
+#[test]
+fn version_3_counters_are_migrated_and_stay_exact() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    {
+        let outbox = Outbox::open(&path)?;
+        for i in 0..5 {
+            outbox.transaction(|tx| tx.publish("t", "k", &format!("payload {i}")))?;
+        }
+        drop(outbox);
+        let conn = rusqlite::Connection::open(&path)?;
+        conn.execute_batch(TO_VERSION_3)?;
+        let v3: (i64, i64) = conn.query_row(
+            "SELECT pending_count, pending_bytes FROM outbox_counters",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        assert_eq!(v3.0, 5);
+    }
+    let outbox = Outbox::open(&path)?;
+    assert_eq!(schema_version(&outbox)?, SCHEMA_VERSION);
+    let exact = |outbox: &Outbox| -> TestResult<(u64, u64)> {
+        Ok(outbox.with_connection(|c| {
+            c.query_row(
+                "SELECT count(*), coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+        })?)
+    };
+    let stats = |outbox: &Outbox| -> TestResult<(u64, u64)> {
+        let s = outbox.stats()?;
+        Ok((s.pending_messages, s.pending_bytes))
+    };
+    assert_eq!(stats(&outbox)?, exact(&outbox)?, "migrated counts");
+    // More than a fold's worth of rows through the crate, some through plain SQL, then deletes
+    // on both sides of `counted_through`.
+    for i in 0..1100 {
+        outbox.transaction(|tx| tx.publish("t", "k", &i))?;
+    }
+    outbox.with_connection(|c| {
+        c.execute_batch(
+            "INSERT INTO outbox (topic, key, payload) VALUES ('t', 'k', 'foreign one'), ('t', 'k', 'two');
+             DELETE FROM outbox WHERE seq % 7 = 0;",
+        )
+    })?;
+    assert_eq!(stats(&outbox)?, exact(&outbox)?, "after inserts and deletes");
+    let counted: i64 = query_i64(&outbox, "SELECT counted_through FROM outbox_counters")?;
+    assert!(counted > 5, "the writer folded the tail in: {counted}");
+    outbox.prune()?;
+    assert_eq!(stats(&outbox)?, exact(&outbox)?, "after the cleanup's fold");
+    outbox.with_connection(|c| c.execute_batch("DELETE FROM outbox"))?;
+    assert_eq!(stats(&outbox)?, (0, 0), "all gone");
+    Ok(())
+}
+
 /// A file written by version 1 (no attempt claims, no retained flag) is migrated in place when a
 /// version 2 build opens it: its commands keep their ids, attempts and errors, and are applied.
 #[test]
@@ -283,6 +375,7 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
         drop(outbox);
         // Back to what version 1 wrote, as an older build left the file.
         let conn = rusqlite::Connection::open(&path)?;
+        conn.execute_batch(TO_VERSION_3)?;
         conn.execute_batch(TO_VERSION_2)?;
         conn.execute_batch(
             "DROP INDEX inbox_claimed;
@@ -334,6 +427,7 @@ fn a_version_2_file_gets_the_uptime_clock_and_its_unstamped_rows_age_on_the_wall
         outbox.apply_next(|_tx, _cmd| Ok::<_, Error>(()))?;
         drop(outbox);
         let conn = rusqlite::Connection::open(&path)?;
+        conn.execute_batch(TO_VERSION_3)?;
         conn.execute_batch(TO_VERSION_2)?;
         let now = common::now_ms();
         conn.execute(

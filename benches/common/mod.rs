@@ -2,6 +2,8 @@
 //! and numeric settings from the environment.
 //! `mod common;` from `benches/*.rs`; each benchmark adds the draws it needs with its own `impl`.
 
+#![allow(dead_code, reason = "each benchmark uses a part")]
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch, as the crate stamps rows and envelopes.
@@ -36,6 +38,17 @@ pub fn quantile(v: &[f64], q: f64) -> f64 {
 /// The median of `v` (not empty).
 pub fn median(v: &[f64]) -> f64 {
     quantile(v, 0.5)
+}
+
+/// Where the benchmark's databases go: `EDGE_OUTBOX_BENCH_DIR`, else Cargo's target tmp dir (a
+/// real disk, not tmpfs, or FULL measures nothing); created if missing.
+pub fn bench_dir() -> std::io::Result<std::path::PathBuf> {
+    let base = match std::env::var_os("EDGE_OUTBOX_BENCH_DIR") {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => std::path::PathBuf::from(option_env!("CARGO_TARGET_TMPDIR").unwrap_or(".")),
+    };
+    std::fs::create_dir_all(&base)?;
+    Ok(base)
 }
 
 /// A positive number from the environment variable `name`, or `default` when it is unset.

@@ -12,7 +12,8 @@ use rusqlite::Connection;
 
 use crate::error::Result;
 use crate::mqtt::backoff::Backoff;
-use crate::mqtt::status::StatusCell;
+use crate::mqtt::status::{Source, StatusCell};
+use crate::relay::{Unsettled, rows};
 use crate::store::{
     Applier, ApplyOutcome, Command, Outbox, RELAY_OWNER, Tx, connect, recover_relay_attempts, run_next,
 };
@@ -59,16 +60,27 @@ where
 
 pub(crate) type Handler = Box<dyn Apply>;
 
-/// Commands stored by another process are noticed within this interval.
+/// Commands stored by another process are noticed within this interval where the file is not
+/// watched...
 const SAFETY_POLL: Duration = Duration::from_secs(1);
+/// ...and where it is (a change wakes the thread at once), this is the safety net.
+const WATCHED_POLL: Duration = Duration::from_secs(10);
 
 pub(crate) fn run_handler(
     outbox: Outbox,
     mut handler: Handler,
     arrivals: Receiver<()>,
+    changes: Option<Receiver<()>>,
     stop: Receiver<()>,
     status: Arc<StatusCell>,
 ) -> Result<()> {
+    let (mut changes, mut poll) = match changes {
+        Some(rx) => (rx, WATCHED_POLL),
+        None => (crossbeam_channel::never(), SAFETY_POLL),
+    };
+    // After a change: wait for the commit to become visible before trying again.
+    let mut unsettled = Unsettled::default();
+    let mut version: Option<i64> = None;
     let options = outbox.options().clone();
     let applier = Applier {
         options: &options,
@@ -81,15 +93,29 @@ pub(crate) fn run_handler(
         if stop.try_recv() != Err(TryRecvError::Empty) {
             return Ok(());
         }
+        let data_version = |conn: &Option<Connection>| conn.as_ref().and_then(|c| rows::data_version(c).ok());
+        if unsettled.is_active() {
+            // Try at once after a change, then again each time another commit shows.
+            let now = data_version(&conn);
+            if now.is_some() && now == version {
+                select! {
+                    recv(stop) -> _ => return Ok(()),
+                    default(unsettled.wait(poll)) => {}
+                }
+                continue;
+            }
+            version = now;
+        }
         let step = ready(&mut conn, &outbox, &status).and_then(|conn| {
             handler.apply_next(conn, &applier, &mut |cmd| status.set_applying(Some(cmd.id)))
         });
         status.set_applying(None);
         let wait = match step {
             Ok((outcome, recovered_dead)) => {
+                status.clear_error(Source::Applying);
                 status.on_commands_dead_lettered(recovered_dead);
                 match outcome {
-                    ApplyOutcome::Idle { next_due } => next_due.map_or(SAFETY_POLL, |d| d.min(SAFETY_POLL)),
+                    ApplyOutcome::Idle { next_due } => next_due.map_or(poll, |d| d.min(poll)),
                     outcome => {
                         match &outcome {
                             ApplyOutcome::Applied { published, .. } => {
@@ -109,14 +135,25 @@ pub(crate) fn run_handler(
             }
             Err(e) => {
                 tracing::error!(error = %e, "applying commands failed; retrying");
-                status.set_error(format!("applying commands: {e}"));
+                status.set_error(Source::Applying, format!("applying commands: {e}"));
                 backoff.next_delay()
             }
         };
         select! {
             recv(arrivals) -> _ => {}
+            recv(changes) -> change => match change {
+                Ok(()) => {
+                    version = None;
+                    unsettled.on_change();
+                }
+                // The watch ended: poll as if there had never been one.
+                Err(_) => {
+                    changes = crossbeam_channel::never();
+                    poll = SAFETY_POLL;
+                }
+            },
             recv(stop) -> _ => return Ok(()),
-            default(wait) => {}
+            default(unsettled.wait(wait)) => {}
         }
     }
 }

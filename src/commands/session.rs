@@ -25,7 +25,7 @@ use crate::error::Result;
 use crate::mqtt::backoff::Backoff;
 use crate::mqtt::driver::{Driver, Flow, SessionHandle, Signal};
 use crate::mqtt::event::{Cause, CauseKind, Delivery, Event, SubResult, reason_name};
-use crate::mqtt::status::StatusCell;
+use crate::mqtt::status::{Source, StatusCell};
 use crate::mqtt::{MqttClient, SessionOptions};
 use crate::store::{Options, Received};
 
@@ -65,10 +65,13 @@ impl CommandSession {
             let (topic, retain) = (delivery.topic.as_str(), delivery.retain);
             let received = loop {
                 match delivery::handle(&conn, &options, limits, topic, &delivery.payload, retain) {
-                    Ok(r) => break r,
+                    Ok(r) => {
+                        status.clear_error(Source::Storing);
+                        break r;
+                    }
                     Err(e) => {
                         tracing::error!(error = %e, topic = %delivery.topic, "could not store a command; retrying");
-                        status.set_error(format!("storing a command: {e}"));
+                        status.set_error(Source::Storing, format!("storing a command: {e}"));
                         if stop.recv_timeout(store_backoff.next_delay())
                             != Err(crossbeam_channel::RecvTimeoutError::Timeout)
                         {
@@ -137,7 +140,7 @@ impl CommandSession {
                         );
                         tracing::error!("{error}");
                         status.set_commands_connected(false);
-                        status.set_error(error);
+                        status.set_error(Source::Commands, error);
                     }
                 }
                 Signal::Event(Event::Delivery(delivery)) if crate::mutant::active("ack-before-commit") => {
@@ -187,7 +190,7 @@ impl CommandSession {
                     }
                     client = None;
                     status.set_commands_connected(false);
-                    status.set_error(format!("command session: {cause}"));
+                    status.set_error(Source::Commands, format!("command session: {cause}"));
                 }
             }
             Ok(Flow::Continue)

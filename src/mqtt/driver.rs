@@ -10,6 +10,7 @@
 //! delivered before its `Disconnected`. The session logic gets the new client with `Connected`.
 
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
@@ -35,8 +36,11 @@ pub(crate) struct Link {
     pub granted: Granted,
 }
 
-/// How often a quiet, connected session checks for a reconnect request.
+/// How often a quiet, connected session checks for a reconnect request while one may come (see
+/// [`SessionHandle::set_watching`])...
 const REQUEST_CHECK: Duration = Duration::from_millis(200);
+/// ...and otherwise: an idle connection wakes its thread this rarely (plus its keep-alive).
+const IDLE_CHECK: Duration = Duration::from_secs(10);
 
 /// Whether the driver should keep going.
 #[derive(Debug, PartialEq, Eq)]
@@ -54,6 +58,8 @@ pub(crate) enum Flow {
 pub(crate) struct SessionHandle {
     slot: Mutex<Slot>,
     reconnect: Mutex<Option<Cause>>,
+    /// A reconnect request may come soon: check often.
+    watching: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -73,9 +79,15 @@ impl SessionHandle {
     }
 
     /// Asks for the current connection to be replaced; the driver acts on it within a fraction
-    /// of a second.
+    /// of a second while [`watching`](Self::set_watching), else within [`IDLE_CHECK`].
     pub(crate) fn request_reconnect(&self, cause: Cause) {
         *lock(&self.reconnect) = Some(cause);
+    }
+
+    /// Whether a reconnect request may come soon (the publisher has messages in flight, or waits
+    /// out a quota): the driver then checks for one often. An idle session is left asleep.
+    pub(crate) fn set_watching(&self, watching: bool) {
+        self.watching.store(watching, Ordering::Relaxed);
     }
 
     /// Makes `client` the current one; false if the session was closed meanwhile.
@@ -181,8 +193,25 @@ impl Driver<'_> {
         loop {
             let connected = connected_at.is_some();
             // Once connected, wake up now and then to act on a reconnect request even when the
-            // connection is quiet.
-            let step = match connection.recv(connected, connected.then_some(REQUEST_CHECK)) {
+            // connection is quiet (often only while one may come), and when the connection
+            // has held long enough to count as healthy.
+            let wait = connected_at.map(|at| {
+                let mut wait = if self.handle.watching.load(Ordering::Relaxed) {
+                    REQUEST_CHECK
+                } else {
+                    IDLE_CHECK
+                };
+                if !healthy {
+                    let held_at = at + held_after(keep_alive);
+                    wait = wait.min(
+                        held_at
+                            .saturating_duration_since(Instant::now())
+                            .max(REQUEST_CHECK),
+                    );
+                }
+                wait
+            });
+            let step = match connection.recv(connected, wait) {
                 // Every client handle was dropped: cannot happen while `client` lives.
                 Recv::Closed => return Ok(End::Done),
                 Recv::Idle => match self.handle.take_reconnect() {
@@ -257,13 +286,17 @@ fn proves_health(event: &Event) -> bool {
 }
 
 fn held(connected_at: Option<Instant>, keep_alive: Duration) -> bool {
-    // With keep-alive disabled, a connection that held for half a minute counts.
-    let enough = if keep_alive.is_zero() {
+    connected_at.is_some_and(|t| t.elapsed() >= held_after(keep_alive))
+}
+
+/// How long a connection must hold to count as healthy: one keep-alive, or half a minute with
+/// keep-alive disabled.
+fn held_after(keep_alive: Duration) -> Duration {
+    if keep_alive.is_zero() {
         Duration::from_secs(30)
     } else {
         keep_alive
-    };
-    connected_at.is_some_and(|t| t.elapsed() >= enough)
+    }
 }
 
 /// The end of a connection: its buffered events first, then how it ended.

@@ -1,8 +1,10 @@
 //! What a running relay reports about itself.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use crossbeam_channel::{Receiver, Sender};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::event::Granted;
 use crate::envelope::MessageId;
@@ -17,8 +19,17 @@ pub struct Status {
     /// The command session is connected and subscribed (false when no command session is
     /// configured).
     pub commands_connected: bool,
-    /// The most recent error of any session, if one happened since start.
+    /// The error the relay is in now, if any: the most recent one whose cause is not gone yet
+    /// (a connection refused, a mark that failed, ...). It clears once its cause is gone (the
+    /// session connected again, a mark succeeded) and moves to
+    /// [`previous_error`](Self::previous_error).
     pub last_error: Option<String>,
+    /// When [`last_error`](Self::last_error) began (it may have repeated since).
+    pub last_error_since: Option<SystemTime>,
+    /// The most recent error that cleared, if any.
+    pub previous_error: Option<String>,
+    /// When [`previous_error`](Self::previous_error) began, and when it cleared.
+    pub previous_error_span: Option<(SystemTime, SystemTime)>,
     /// Messages handed to the broker and not yet acknowledged.
     pub in_flight: u64,
     /// Messages handed to the broker since start (resends count again).
@@ -65,9 +76,42 @@ pub struct Status {
     /// Retained deliveries on the command topic ignored since start (see
     /// [`RelayConfig::retained_commands`](crate::RelayConfig::retained_commands)).
     pub commands_retained_ignored: u64,
+    /// How long PUBACKs took since start: from a message going on the wire to its PUBACK.
+    pub ack_latency: AckLatency,
     /// The store's counters.
     pub store: Stats,
 }
+
+/// A histogram of PUBACK latencies (see [`Status::ack_latency`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct AckLatency {
+    /// `(upper bound in microseconds, PUBACKs in this bucket)`, bounds rising; each bucket counts
+    /// the latencies above the previous bound and up to its own. The last bound is `u64::MAX`.
+    pub buckets: Vec<(u64, u64)>,
+    /// Every latency added up, in microseconds.
+    pub sum_micros: u64,
+    /// PUBACKs measured.
+    pub count: u64,
+}
+
+/// Upper bounds of the PUBACK latency buckets, in microseconds: 1 ms to 10 s.
+const ACK_BOUNDS_US: [u64; 14] = [
+    1_000,
+    2_500,
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    u64::MAX,
+];
 
 #[derive(Debug, Default)]
 pub(crate) struct StatusCell {
@@ -89,15 +133,101 @@ pub(crate) struct StatusCell {
     commands_rejected: AtomicU64,
     commands_dead_lettered: AtomicU64,
     commands_retained_ignored: AtomicU64,
-    last_error: Mutex<Option<String>>,
+    errors: Mutex<Errors>,
     granted: Mutex<Granted>,
+    ack_buckets: [AtomicU64; ACK_BOUNDS_US.len()],
+    ack_sum_us: AtomicU64,
+    wal_syncs: AtomicU64,
+    /// Something changed since the reporter last looked (see [`StatusCell::changes`]).
+    dirty: AtomicBool,
+    changed: OnceLock<Sender<()>>,
     /// The command the handler thread is applying, and since when: what a shutdown that gives up
     /// on it reports.
     applying: Mutex<Option<(MessageId, Instant)>>,
 }
 
+/// Where an error comes from: each clears on its own sign of recovery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The publishing session's connection: clears on its next CONNACK.
+    Connection,
+    /// A quota pause: clears on the next accepted PUBACK.
+    Quota,
+    /// Reading the outbox: clears on the next successful read.
+    Reading,
+    /// Marking acknowledged rows: clears on the next successful mark.
+    Marking,
+    /// The command session: clears once it is subscribed again.
+    Commands,
+    /// Storing a command: clears once one is stored.
+    Storing,
+    /// Applying commands: clears on the next successful apply step.
+    Applying,
+}
+
+/// The errors active now, one per source, and the last one that cleared.
+#[derive(Debug, Default)]
+struct Errors {
+    /// (source, message, since), most recent last.
+    active: Vec<(Source, String, SystemTime)>,
+    /// (message, since, cleared at).
+    previous: Option<(String, SystemTime, SystemTime)>,
+}
+
 impl StatusCell {
+    /// Notes a change for the reporter: one wake-up per quiet period, not one per message.
+    fn touch(&self) {
+        if !self.dirty.load(Relaxed)
+            && !self.dirty.swap(true, Relaxed)
+            && let Some(tx) = self.changed.get()
+        {
+            let _ = tx.try_send(());
+        }
+    }
+
+    /// A receiver that gets a message when something changes after [`take_change`] was called
+    /// (one reporter per relay).
+    ///
+    /// [`take_change`]: Self::take_change
+    pub(crate) fn changes(&self) -> Receiver<()> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let _ = self.changed.set(tx);
+        rx
+    }
+
+    /// Clears the change flag: the next change sends a message again.
+    pub(crate) fn take_change(&self) {
+        self.dirty.store(false, Relaxed);
+    }
+
+    /// Records `error` from `source` as the relay's current error (since now, unless the same
+    /// error was already active).
+    pub(crate) fn set_error(&self, source: Source, error: String) {
+        self.touch();
+        let mut e = self.errors.lock().unwrap_or_else(PoisonError::into_inner);
+        let since = match e.active.iter().position(|(s, _, _)| *s == source) {
+            Some(i) => {
+                let (_, old, since) = e.active.remove(i);
+                if old == error { since } else { SystemTime::now() }
+            }
+            None => SystemTime::now(),
+        };
+        e.active.push((source, error, since));
+    }
+
+    /// The cause of `source`'s error is gone: it moves to the previous error.
+    pub(crate) fn clear_error(&self, source: Source) {
+        self.touch();
+        let mut e = self.errors.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(i) = e.active.iter().position(|(s, _, _)| *s == source) {
+            let (_, message, since) = e.active.remove(i);
+            e.previous = Some((message, since, SystemTime::now()));
+        }
+    }
+
     pub(crate) fn on_connected(&self, granted: &Granted) {
+        self.touch();
+        self.clear_error(Source::Connection);
         self.connected.store(true, Relaxed);
         self.in_flight.store(0, Relaxed);
         self.connections.fetch_add(1, Relaxed);
@@ -110,22 +240,29 @@ impl StatusCell {
     /// The publishing session's connection ended, or an attempt failed: only the end of a
     /// connection that was up counts as a disconnect.
     pub(crate) fn on_disconnected(&self, error: String) {
+        self.touch();
         if self.connected.swap(false, Relaxed) {
             self.disconnects.fetch_add(1, Relaxed);
         }
         self.in_flight.store(0, Relaxed);
-        self.set_error(error);
+        self.set_error(Source::Connection, error);
     }
 
     pub(crate) fn set_connected(&self, connected: bool) {
+        self.touch();
         self.connected.store(connected, Relaxed);
     }
 
     pub(crate) fn set_commands_connected(&self, connected: bool) {
+        self.touch();
+        if connected {
+            self.clear_error(Source::Commands);
+        }
         self.commands_connected.store(connected, Relaxed);
     }
 
     pub(crate) fn on_published(&self, in_flight: usize, resend: bool) {
+        self.touch();
         self.published.fetch_add(1, Relaxed);
         if resend {
             self.resent.fetch_add(1, Relaxed);
@@ -133,29 +270,45 @@ impl StatusCell {
         self.in_flight.store(in_flight as u64, Relaxed);
     }
 
-    pub(crate) fn on_acked(&self, in_flight: usize) {
+    /// An accepted PUBACK, `latency` after its message went on the wire (if known).
+    pub(crate) fn on_acked(&self, in_flight: usize, latency: Option<Duration>) {
+        self.touch();
+        if let Some(latency) = latency {
+            let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+            let bucket = ACK_BOUNDS_US
+                .iter()
+                .position(|&b| us <= b)
+                .unwrap_or(ACK_BOUNDS_US.len() - 1);
+            self.ack_buckets[bucket].fetch_add(1, Relaxed);
+            self.ack_sum_us.fetch_add(us, Relaxed);
+        }
         self.acknowledged.fetch_add(1, Relaxed);
         self.in_flight.store(in_flight as u64, Relaxed);
     }
 
     /// A PUBACK that did not acknowledge (a refusal, a quota): one fewer in flight.
     pub(crate) fn on_answered(&self, in_flight: usize) {
+        self.touch();
         self.in_flight.store(in_flight as u64, Relaxed);
     }
 
     pub(crate) fn on_dead_lettered(&self, n: usize) {
+        self.touch();
         self.dead_lettered.fetch_add(n as u64, Relaxed);
     }
 
     pub(crate) fn on_refused(&self, n: usize) {
+        self.touch();
         self.refused.fetch_add(n as u64, Relaxed);
     }
 
     pub(crate) fn on_isolated(&self) {
+        self.touch();
         self.isolated.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn on_command(&self, duplicate: bool) {
+        self.touch();
         let counter = if duplicate {
             &self.commands_duplicate
         } else {
@@ -165,23 +318,37 @@ impl StatusCell {
     }
 
     pub(crate) fn on_applied(&self) {
+        self.touch();
         self.commands_applied.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn on_malformed(&self) {
+        self.touch();
         self.commands_malformed.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn on_rejected(&self) {
+        self.touch();
         self.commands_rejected.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn on_commands_dead_lettered(&self, n: u64) {
+        self.touch();
         self.commands_dead_lettered.fetch_add(n, Relaxed);
     }
 
     pub(crate) fn on_retained_ignored(&self) {
+        self.touch();
         self.commands_retained_ignored.fetch_add(1, Relaxed);
+    }
+
+    /// The relay synced the WAL file itself (its durability barrier).
+    pub(crate) fn on_wal_sync(&self) {
+        self.wal_syncs.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn wal_syncs(&self) -> u64 {
+        self.wal_syncs.load(Relaxed)
     }
 
     pub(crate) fn set_applying(&self, command: Option<MessageId>) {
@@ -197,24 +364,30 @@ impl StatusCell {
             .map(|(id, since)| (id, since.elapsed()))
     }
 
-    pub(crate) fn set_error(&self, error: String) {
-        *self.last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(error);
-    }
-
     pub(crate) fn snapshot(&self, store: Stats) -> Status {
         let granted = self
             .granted
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
+        let (last_error, last_error_since, previous_error, previous_error_span) = {
+            let e = self.errors.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = e.active.last().map(|(_, m, since)| (m.clone(), *since));
+            let before = e.previous.clone();
+            (
+                now.as_ref().map(|(m, _)| m.clone()),
+                now.map(|(_, since)| since),
+                before.as_ref().map(|(m, _, _)| m.clone()),
+                before.map(|(_, since, cleared)| (since, cleared)),
+            )
+        };
         Status {
             connected: self.connected.load(Relaxed),
             commands_connected: self.commands_connected.load(Relaxed),
-            last_error: self
-                .last_error
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clone(),
+            last_error,
+            last_error_since,
+            previous_error,
+            previous_error_span,
             in_flight: self.in_flight.load(Relaxed),
             published: self.published.load(Relaxed),
             resent: self.resent.load(Relaxed),
@@ -233,6 +406,18 @@ impl StatusCell {
             commands_rejected: self.commands_rejected.load(Relaxed),
             commands_dead_lettered: self.commands_dead_lettered.load(Relaxed),
             commands_retained_ignored: self.commands_retained_ignored.load(Relaxed),
+            ack_latency: {
+                let buckets: Vec<(u64, u64)> = ACK_BOUNDS_US
+                    .iter()
+                    .zip(&self.ack_buckets)
+                    .map(|(&b, n)| (b, n.load(Relaxed)))
+                    .collect();
+                AckLatency {
+                    count: buckets.iter().map(|b| b.1).sum(),
+                    buckets,
+                    sum_micros: self.ack_sum_us.load(Relaxed),
+                }
+            },
             store,
         }
     }

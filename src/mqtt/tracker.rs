@@ -62,15 +62,20 @@ impl Tracker {
     }
 
     /// The row a PUBACK acknowledges, if it is one of ours.
+    #[cfg(test)]
     pub(crate) fn on_puback(&mut self, pkid: u16) -> Option<Seq> {
-        let seq = self.by_pkid.remove(&pkid);
-        match seq {
-            Some(seq) => {
-                self.on_wire.remove(&seq);
+        self.on_puback_at(pkid).map(|(seq, _)| seq)
+    }
+
+    /// The row a PUBACK acknowledges, if it is one of ours, and when it went on the wire.
+    pub(crate) fn on_puback_at(&mut self, pkid: u16) -> Option<(Seq, Option<Instant>)> {
+        match self.by_pkid.remove(&pkid) {
+            Some(seq) => Some((seq, self.on_wire.remove(&seq))),
+            None => {
+                tracing::debug!(pkid, "PUBACK for an unknown packet id: ignored");
+                None
             }
-            None => tracing::debug!(pkid, "PUBACK for an unknown packet id: ignored"),
         }
-        seq
     }
 
     /// Whether a row waits for `pkid` to be freed (a collision).

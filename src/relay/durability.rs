@@ -27,18 +27,14 @@ pub(crate) struct Barrier {
 
 impl Barrier {
     pub(crate) fn new(db: &Path) -> Self {
-        // SQLite puts the WAL beside the file a symlink points to.
-        let db = std::fs::canonicalize(db).unwrap_or_else(|_| db.to_path_buf());
-        let db = db.as_path();
-        let mut wal = db.as_os_str().to_owned();
-        wal.push("-wal");
-        let dir = db
+        let wal = wal_path(db);
+        let dir = wal
             .parent()
             .filter(|d| !d.as_os_str().is_empty())
             .unwrap_or(Path::new("."))
             .to_path_buf();
         Barrier {
-            wal: PathBuf::from(wal),
+            wal,
             dir,
             named: None,
         }
@@ -75,6 +71,14 @@ impl Barrier {
         }
         Ok(high)
     }
+}
+
+/// The WAL file of the database at `db`. SQLite puts it beside the file a symlink points to.
+pub(crate) fn wal_path(db: &Path) -> PathBuf {
+    let db = std::fs::canonicalize(db).unwrap_or_else(|_| db.to_path_buf());
+    let mut wal = db.into_os_string();
+    wal.push("-wal");
+    PathBuf::from(wal)
 }
 
 #[cfg(unix)]

@@ -21,7 +21,7 @@ use rusqlite::Connection;
 
 use super::rows;
 use crate::error::Result;
-use crate::mqtt::status::StatusCell;
+use crate::mqtt::status::{Source, StatusCell};
 use crate::store::Options;
 
 /// What the publisher sends the marker.
@@ -120,12 +120,14 @@ impl Marker {
                     Ok(()) => {
                         pending.clear();
                         failed = false;
+                        self.status.clear_error(Source::Marking);
                     }
                     // Keep them and retry: an unmarked row is only ever published again, never
                     // lost. With the publisher gone, one more try, then they wait for next time.
                     Err(e) => {
                         tracing::error!(error = %e, rows = pending.len(), "could not mark acknowledged rows");
-                        self.status.set_error(format!("marking acknowledged rows: {e}"));
+                        self.status
+                            .set_error(Source::Marking, format!("marking acknowledged rows: {e}"));
                         failed = !open;
                     }
                 }

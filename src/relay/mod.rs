@@ -5,7 +5,9 @@ mod durability;
 mod lock;
 mod marker;
 mod publisher;
-mod rows;
+mod report;
+pub(crate) mod rows;
+mod watch;
 
 use std::fmt::Display;
 use std::sync::Arc;
@@ -17,6 +19,10 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use self::lock::RelayLock;
 use self::marker::{Marker, Marks};
 use self::publisher::{DEFAULT_SHUTDOWN_TIMEOUT, Publisher};
+pub use self::report::RelayReport;
+use self::report::{Identity, Reporter};
+use self::watch::FileWatch;
+pub(crate) use self::watch::Unsettled;
 use crate::commands::{CommandSession, DeliveryLimits, Handler, TwoPhase, run_handler, validate_filter};
 use crate::error::{Error, Result};
 use crate::mqtt::backoff::Backoff;
@@ -32,7 +38,7 @@ use crate::store::{Command, Outbox, Tx, connect};
 /// |---|---|
 /// | [`source`](Self::source) | the MQTT client id |
 /// | [`max_in_flight`](Self::max_in_flight) | 100 |
-/// | [`poll_interval`](Self::poll_interval) | 50 ms |
+/// | [`poll_interval`](Self::poll_interval) | 50 ms (where the file cannot be watched) |
 /// | [`reconnect_backoff`](Self::reconnect_backoff) | 100 ms doubling to 30 s, with jitter |
 /// | [`shutdown_timeout`](Self::shutdown_timeout) | 5 s |
 /// | [`prune_interval`](Self::prune_interval) | 10 min |
@@ -42,6 +48,8 @@ use crate::store::{Command, Outbox, Tx, connect};
 /// | [`max_command_bytes`](Self::max_command_bytes) | 64 KiB |
 /// | [`command_read_limit`](Self::command_read_limit) | 16 MiB |
 /// | [`retained_commands`](Self::retained_commands) | false: retained deliveries are ignored |
+/// | [`status_file`](Self::status_file) | false |
+/// | `metrics_file` (feature `metrics`) | none |
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a builder: use the value it returns"]
 pub struct RelayConfig {
@@ -60,6 +68,8 @@ pub struct RelayConfig {
     pub(crate) max_command_bytes: usize,
     pub(crate) command_read_limit: usize,
     pub(crate) retained_commands: bool,
+    pub(crate) status_file: bool,
+    pub(crate) metrics_file: Option<std::path::PathBuf>,
 }
 
 impl RelayConfig {
@@ -81,7 +91,28 @@ impl RelayConfig {
             max_command_bytes: 64 * 1024,
             command_read_limit: 16 * 1024 * 1024,
             retained_commands: false,
+            status_file: false,
+            metrics_file: None,
         }
+    }
+
+    /// Write `<db>.relay-status.json` while running, as `edge-outbox relay` does, so that
+    /// `edge-outbox status` (and any other process: [`RelayReport::read`]) sees this relay's
+    /// connection, counters and current error (default false). It is rewritten when something
+    /// changes (at most once a second) and at least every 30 s, and removed at shutdown.
+    pub fn status_file(mut self, on: bool) -> Self {
+        self.status_file = on;
+        self
+    }
+
+    /// Keep a file of the store's and this relay's metrics in the Prometheus text format at
+    /// `path`, for node_exporter's textfile collector (`--collector.textfile.directory`; name it
+    /// `*.prom`). Written like the status file (see [`status_file`](Self::status_file)), through
+    /// a temporary file renamed over it, and removed at shutdown. See [`crate::metrics`].
+    #[cfg(feature = "metrics")]
+    pub fn metrics_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.metrics_file = Some(path.into());
+        self
     }
 
     /// The `src` field of every envelope (default: the MQTT client id).
@@ -97,8 +128,13 @@ impl RelayConfig {
     }
 
     /// How often an idle relay checks the file for rows committed by other processes or other
-    /// handles (default 50 ms; a cheap `PRAGMA data_version`). Commits through the same
-    /// [`Outbox`] handle wake the relay at once.
+    /// handles where it cannot watch the file (default 50 ms; a cheap `PRAGMA data_version`).
+    ///
+    /// Commits through the same [`Outbox`] handle wake the relay at once. On Linux the relay also
+    /// watches the WAL file (inotify), which every commit writes to, and wakes on its changes:
+    /// other processes' commits are seen at once too, and an idle relay checks the file only
+    /// every 2 s (or at this interval, if longer) as a safety net. Elsewhere, or where inotify is
+    /// refused (its per-user limits), this interval is how soon such a commit is seen.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
         self
@@ -270,6 +306,8 @@ pub struct Relay {
     shutdown_timeout: Duration,
     /// Closed when the handler thread ends: what a shutdown waits on, up to its deadline.
     handler_done: Option<Receiver<()>>,
+    /// The watch on the WAL file, if there is one: stopped once the threads are joined.
+    watch: Option<FileWatch>,
 }
 
 impl Relay {
@@ -391,7 +429,16 @@ impl Relay {
             lock: Some(lock),
             shutdown_timeout: config.shutdown_timeout,
             handler_done: None,
+            watch: None,
         };
+        // Other processes' commits wake the publisher (and the handler) through the WAL file.
+        let (changes_tx, changes_rx) = crossbeam_channel::bounded::<()>(1);
+        let (handler_changes_tx, handler_changes_rx) = crossbeam_channel::bounded::<()>(1);
+        relay.watch = FileWatch::start(
+            &durability::wal_path(outbox.path()),
+            vec![changes_tx, handler_changes_tx],
+        );
+        let watched = relay.watch.is_some();
         let backoff = Backoff::new(config.backoff_min, config.backoff_max);
         let endpoint = config.mqtt.endpoint();
 
@@ -429,15 +476,36 @@ impl Relay {
             conn: relay_conn,
             marks: Marks::new(marks_tx),
             barrier: durability::Barrier::new(outbox.path()),
+            durable_seq: outbox.durable_seq(),
             options: outbox.options().clone(),
             config: config.clone(),
             events: events_rx,
             session,
             wake: outbox.wake_receiver(),
+            changes: watched.then_some(changes_rx),
             stop: stop_rx.clone(),
             status: status.clone(),
         };
         relay.spawn_thread(PUBLISHER_THREAD, move || publisher.run())?;
+        let handler_changes = watched.then_some(handler_changes_rx);
+        if config.status_file || config.metrics_file.is_some() {
+            let reporter = Reporter {
+                db: outbox.path().to_path_buf(),
+                conn: connect(outbox.path(), outbox.options())?,
+                identity: Identity {
+                    started_at_ms: crate::time::now_ms(),
+                    broker: endpoint.clone(),
+                    protocol: config.mqtt.version().as_str().to_owned(),
+                    client_id: config.mqtt.id().to_owned(),
+                    commands: config.commands.clone(),
+                },
+                status: status.clone(),
+                status_file: config.status_file,
+                metrics_file: config.metrics_file.clone(),
+                stop: stop_rx.clone(),
+            };
+            relay.spawn_thread("edge-outbox-report", move || reporter.run())?;
+        }
 
         if let (Some(filter), Some(mqtt)) = (&config.commands, command_options) {
             let (arrivals_tx, arrivals_rx) = crossbeam_channel::bounded(1);
@@ -465,11 +533,17 @@ impl Relay {
             };
             relay.spawn_thread("edge-outbox-commands", move || session.run())?;
             if let Some(handler) = handler {
-                relay.spawn_handler(outbox, handler, arrivals_rx, &stop_rx)?;
+                relay.spawn_handler(outbox, handler, arrivals_rx, handler_changes, &stop_rx)?;
             }
         } else if let Some(handler) = handler {
             // No command session in this process: apply what others store (SQL contract).
-            relay.spawn_handler(outbox, handler, crossbeam_channel::never(), &stop_rx)?;
+            relay.spawn_handler(
+                outbox,
+                handler,
+                crossbeam_channel::never(),
+                handler_changes,
+                &stop_rx,
+            )?;
         }
         tracing::info!(
             broker = %endpoint,
@@ -487,6 +561,7 @@ impl Relay {
         outbox: &Outbox,
         handler: Handler,
         arrivals: Receiver<()>,
+        changes: Option<Receiver<()>>,
         stop: &Receiver<()>,
     ) -> Result<()> {
         let (done_tx, done_rx) = crossbeam_channel::bounded::<()>(0);
@@ -494,7 +569,7 @@ impl Relay {
         let (outbox, stop, status) = (outbox.clone(), stop.clone(), self.status.clone());
         self.spawn_thread(HANDLER_THREAD, move || {
             let _done = done_tx;
-            run_handler(outbox, handler, arrivals, stop, status)
+            run_handler(outbox, handler, arrivals, changes, stop, status)
         })
     }
 
@@ -561,6 +636,7 @@ impl Relay {
             }
             join_thread(handle, &mut first_error);
         }
+        self.watch.take();
         self.lock.take();
         first_error.map_or(Ok(()), Err)
     }

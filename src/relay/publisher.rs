@@ -32,11 +32,12 @@ use super::RelayConfig;
 use super::durability::Barrier;
 use super::marker::Marks;
 use super::rows::{self, Encoding, Ready, Unpublishable};
+use super::watch::Unsettled;
 use crate::error::Result;
 use crate::mqtt::backoff::Backoff;
 use crate::mqtt::driver::{Link, SessionHandle, Signal};
 use crate::mqtt::event::{Cause, CauseKind, Event, PubAck, Verdict};
-use crate::mqtt::status::StatusCell;
+use crate::mqtt::status::{Source, StatusCell};
 use crate::mqtt::tracker::{Seq, Tracker};
 use crate::mqtt::{Aliases, MqttClient, Protocol};
 use crate::store::Options;
@@ -46,11 +47,15 @@ pub(crate) struct Publisher {
     pub conn: Connection,
     pub marks: Marks,
     pub barrier: Barrier,
+    /// Rows up to this number were committed durably by the application's handle (FULL).
+    pub durable_seq: Arc<std::sync::atomic::AtomicI64>,
     pub options: Options,
     pub config: RelayConfig,
     pub events: Receiver<Signal>,
     pub session: Arc<SessionHandle>,
     pub wake: Receiver<()>,
+    /// Changes to the file by anyone (see `super::watch`); `None` where it is not watched.
+    pub changes: Option<Receiver<()>>,
     pub stop: Receiver<()>,
     pub status: Arc<StatusCell>,
 }
@@ -88,6 +93,8 @@ struct State {
     at_end: bool,
     /// The last read failed; retry at the next idle tick.
     read_failed: bool,
+    /// A failed read's error is in the status: clear it after the next successful read.
+    read_failed_error: bool,
     /// Every row up to this sequence number is known to be on stable storage (a durability
     /// barrier committed after it). Kept across reconnects.
     durable_through: i64,
@@ -103,11 +110,14 @@ struct State {
     /// Quota exceeded: publish nothing new until then, then renew the connection; and why.
     paused_until: Option<(Instant, String)>,
     quota_backoff: Backoff,
+    /// A quota pause's error is in the status: clear it at the next accepted PUBACK.
+    quota_error: bool,
     /// Topic aliases misbehaved on this broker: never use them again in this run.
     aliases_off: bool,
     data_version: i64,
+    /// The file changed and the commit may not be visible yet: check `data_version` soon.
+    unsettled: Unsettled,
     stopping: Option<Instant>,
-    next_tick: Instant,
     next_prune: Instant,
     /// The time this relay runs, written forward into the file (retention's second clock).
     uptime: UptimeClock,
@@ -130,8 +140,9 @@ const READ_BATCH: usize = 256;
 /// Queued events are taken without a `select!`, but at most this many in a row, so that stop and
 /// wake-ups are still seen.
 const EVENT_BURST: usize = 64;
-/// Timers (ack timeout, quota pause, cleanup) are checked this often, busy or idle.
-const TICK: Duration = Duration::from_millis(100);
+/// With the file watched, an idle relay still checks it this often (or at its poll interval, if
+/// longer): the safety net for a change the watch missed.
+const SAFETY_POLL: Duration = Duration::from_secs(2);
 /// One slice of cleanup takes at most this long; the next slice follows after `PRUNE_PAUSE`.
 const PRUNE_SLICE: Duration = Duration::from_millis(25);
 const PRUNE_PAUSE: Duration = Duration::from_millis(250);
@@ -150,6 +161,7 @@ impl Publisher {
             resend_through: 0,
             at_end: false,
             read_failed: false,
+            read_failed_error: false,
             durable_through: 0,
             acked: Vec::new(),
             refused: Vec::new(),
@@ -157,14 +169,19 @@ impl Publisher {
             probe_until: None,
             paused_until: None,
             quota_backoff: Backoff::new(self.config.backoff_min, self.config.backoff_max),
+            quota_error: false,
             aliases_off: false,
             data_version: rows::data_version(&self.conn)?,
+            unsettled: Unsettled::default(),
             stopping: None,
-            next_tick: now + TICK,
             next_prune: now + self.config.prune_interval,
             uptime: UptimeClock::start(&self.options),
         };
         let mut stop = self.stop.clone();
+        let (mut changes, mut poll) = match self.changes.take() {
+            Some(rx) => (rx, self.config.poll_interval.max(SAFETY_POLL)),
+            None => (crossbeam_channel::never(), self.config.poll_interval),
+        };
         let mut burst = 0;
         loop {
             crate::failpoint::hit("relay-loop");
@@ -182,7 +199,7 @@ impl Publisher {
             {
                 break;
             }
-            if Instant::now() >= s.next_tick {
+            if Instant::now() >= self.next_timer(&s) {
                 self.on_tick(&mut s);
             }
             if burst < EVENT_BURST
@@ -193,11 +210,14 @@ impl Publisher {
                 continue;
             }
             burst = 0;
+            // The connection thread checks for reconnect requests often only while one may come.
+            self.session
+                .set_watching(s.tracker.in_flight() > 0 || s.paused_until.is_some());
             let idle_wait = match s.stopping {
                 Some(deadline) => deadline.saturating_duration_since(Instant::now()),
-                None => self.config.poll_interval,
+                None => s.unsettled.wait(poll),
             }
-            .min(s.next_tick.saturating_duration_since(Instant::now()));
+            .min(self.next_timer(&s).saturating_duration_since(Instant::now()));
             select! {
                 recv(self.events) -> signal => match signal {
                     Ok(signal) => self.handle(&mut s, signal),
@@ -205,6 +225,18 @@ impl Publisher {
                     Err(_) => break,
                 },
                 recv(self.wake) -> _ => s.at_end = false,
+                recv(changes) -> change => match change {
+                    Ok(()) => {
+                        s.at_end = false;
+                        s.unsettled.on_change();
+                    }
+                    // The watch ended: poll as if there had never been one.
+                    Err(_) => {
+                        changes = crossbeam_channel::never();
+                        poll = self.config.poll_interval;
+                        s.at_end = false;
+                    }
+                },
                 recv(stop) -> _ => {
                     tracing::info!(in_flight = s.tracker.in_flight(), "relay stopping");
                     s.stopping = Some(Instant::now() + self.config.shutdown_timeout);
@@ -320,7 +352,7 @@ impl Publisher {
         if let Some(live) = &mut s.live {
             live.last_ack = Some(Instant::now());
         }
-        let Some(seq) = s.tracker.on_puback(ack.pkid) else {
+        let Some((seq, written)) = s.tracker.on_puback_at(ack.pkid) else {
             return;
         };
         if s.suspect.as_ref().is_some_and(|x| x.seq == seq) {
@@ -336,8 +368,12 @@ impl Publisher {
             Verdict::Accepted => {
                 crate::failpoint::hit("after-puback-before-mark");
                 s.acked.push(seq);
-                self.status.on_acked(s.tracker.in_flight());
+                self.status
+                    .on_acked(s.tracker.in_flight(), written.map(|t| t.elapsed()));
                 s.quota_backoff.reset();
+                if std::mem::take(&mut s.quota_error) {
+                    self.status.clear_error(Source::Quota);
+                }
             }
             Verdict::Refused(reason) => {
                 tracing::warn!(seq, %reason, "the broker refused a message: moving it to the dead letters");
@@ -358,7 +394,8 @@ impl Publisher {
                 let wait = s.quota_backoff.next_delay();
                 tracing::warn!(seq, %reason, ?wait, "the broker cannot take more now: publishing again after a wait");
                 let why = format!("the broker refused a message for now: PUBACK reason {reason}");
-                self.status.set_error(why.clone());
+                self.status.set_error(Source::Quota, why.clone());
+                s.quota_error = true;
                 s.paused_until = Some((Instant::now() + wait, why));
                 if awaited {
                     self.renew(
@@ -490,10 +527,12 @@ impl Publisher {
                 if let Err(e) = self.read_ahead(s) {
                     // Transient (busy, I/O): try again at the next idle tick, not in a tight loop.
                     tracing::warn!(error = %e, "could not read the outbox; retrying");
-                    self.status.set_error(format!("reading the outbox: {e}"));
+                    self.status
+                        .set_error(Source::Reading, format!("reading the outbox: {e}"));
                     s.ready.clear();
                     s.at_end = true;
                     s.read_failed = true;
+                    s.read_failed_error = true;
                 }
                 continue;
             }
@@ -543,8 +582,19 @@ impl Publisher {
         };
         let before = s.ready.len();
         let read = rows::read_after(&self.conn, &enc, s.cursor, limit, &mut s.ready, &mut bad)?;
+        if std::mem::take(&mut s.read_failed_error) {
+            self.status.clear_error(Source::Reading);
+        }
         if crate::mutant::active("reorder") {
             s.ready.make_contiguous()[before..].reverse();
+        }
+        if let Some(last) = read.last_seq
+            && last > s.durable_through
+        {
+            // A FULL commit through the application's handle synced the WAL after these rows.
+            s.durable_through = s
+                .durable_through
+                .max(self.durable_seq.load(std::sync::atomic::Ordering::Acquire));
         }
         if let Some(last) = read.last_seq
             && last > s.durable_through
@@ -555,6 +605,7 @@ impl Publisher {
             // sync the WAL once for everything read. What was read was committed before it.
             // (See super::durability.)
             let high = self.barrier.sync(&self.conn)?;
+            self.status.on_wal_sync();
             s.durable_through = high.max(last);
         }
         s.cursor = read.last_seq.unwrap_or(s.cursor);
@@ -597,8 +648,8 @@ impl Publisher {
     /// a quota pause, and cleanup (a device that never catches up must still prune and vacuum).
     fn on_tick(&mut self, s: &mut State) {
         let now = Instant::now();
-        s.next_tick = now + TICK;
         if let Some((seq, written)) = s.tracker.oldest_on_wire()
+            && s.live.as_ref().is_some_and(|l| !l.renewing)
             && now.duration_since(written) >= self.config.ack_timeout
         {
             let cause = Cause::new(
@@ -638,6 +689,26 @@ impl Publisher {
         }
     }
 
+    /// When the next timer is due: the oldest message's ack timeout (while a renewal can still be
+    /// asked for), the end of a quota pause, the next cleanup, the uptime clock's next write. An
+    /// idle relay has only the last two.
+    fn next_timer(&self, s: &State) -> Instant {
+        // No cleanup while stopping.
+        let mut next = match s.stopping {
+            None => s.next_prune,
+            Some(deadline) => deadline,
+        };
+        if let Some((_, written)) = s.tracker.oldest_on_wire()
+            && s.live.as_ref().is_some_and(|l| !l.renewing)
+        {
+            next = next.min(written + self.config.ack_timeout);
+        }
+        if let Some((until, _)) = &s.paused_until {
+            next = next.min(*until);
+        }
+        next.min(s.uptime.due())
+    }
+
     fn on_idle(&mut self, s: &mut State) {
         if std::mem::take(&mut s.read_failed) {
             s.at_end = false;
@@ -646,6 +717,7 @@ impl Publisher {
             Ok(v) if v != s.data_version => {
                 s.data_version = v;
                 s.at_end = false;
+                s.unsettled.settle();
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "could not poll the database for changes"),

@@ -152,6 +152,8 @@ pub(crate) fn mark_acked(conn: &mut Connection, options: &Options, seqs: &mut Ve
     let runs = runs(seqs);
     let half = seqs.len() / 2;
     let _turn = crate::store::gate::enter(conn, options.busy_timeout)?;
+    // No fold here: deleting rows that were never counted leaves the counters' page alone, so a
+    // mark writes only the outbox's own pages (see `store::counters`).
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     {
         let now = now_ms();

@@ -229,7 +229,7 @@ where
 {
     let turn = gate::enter(conn, a.options.busy_timeout)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let mut t = Tx::new(tx, &a.options.limits);
+    let mut t = Tx::new(tx, &a.options.limits, None);
     let result = {
         let _held = reentry::hold_write_lock(a.path);
         catch_unwind(AssertUnwindSafe(|| record(&mut t, &claim.command)))

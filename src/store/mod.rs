@@ -1,6 +1,7 @@
 //! The SQLite store: business tables, outbox, inbox and dead letters in one WAL file.
 
 mod apply;
+pub(crate) mod counters;
 mod dead_letters;
 pub(crate) mod gate;
 mod inbox;
@@ -14,6 +15,7 @@ mod stats;
 pub(crate) mod uptime;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -58,6 +60,12 @@ struct Shared {
     /// pending wake-up already covers every later commit.
     wake_tx: Sender<()>,
     wake_rx: Receiver<()>,
+    /// At most the counters' `counted_through`: when this handle's transactions fold the tail in.
+    folded: AtomicI64,
+    /// Every outbox row up to this sequence number is on stable storage: the highest one a
+    /// `synchronous = FULL` commit through this handle inserted (its fsync of the WAL covers every
+    /// commit before it). A relay started from this handle skips its own WAL sync for them.
+    durable_seq: Arc<AtomicI64>,
 }
 
 impl Outbox {
@@ -89,6 +97,8 @@ impl Outbox {
                 options,
                 wake_tx,
                 wake_rx,
+                folded: AtomicI64::new(0),
+                durable_seq: Arc::new(AtomicI64::new(0)),
             }),
         })
     }
@@ -143,9 +153,15 @@ impl Outbox {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(Error::from)?;
-        let mut t = Tx::new(tx, &self.shared.options.limits);
+        let mut t = Tx::new(tx, &self.shared.options.limits, Some(&self.shared.folded));
         let value = f(&mut t)?;
+        let last_seq = t.last_seq();
         let ids = t.commit()?;
+        if let Some(seq) = last_seq.filter(|_| self.shared.options.synchronous == Synchronous::Full) {
+            self.shared
+                .durable_seq
+                .fetch_max(seq, std::sync::atomic::Ordering::Release);
+        }
         drop(conn);
         drop(turn);
         if !ids.is_empty() {
@@ -321,6 +337,11 @@ impl Outbox {
         self.shared.wake_rx.clone()
     }
 
+    /// See `Shared::durable_seq`.
+    pub(crate) fn durable_seq(&self) -> Arc<AtomicI64> {
+        self.shared.durable_seq.clone()
+    }
+
     /// The file's canonical path (see `reentry`).
     pub(crate) fn canonical_path(&self) -> &Path {
         &self.shared.canonical
@@ -386,6 +407,12 @@ pub(crate) fn maintain_for(conn: &Connection, options: &Options, budget: Duratio
     let deadline = Instant::now().checked_add(budget);
     let out_of_time = || deadline.is_some_and(|d| Instant::now() >= d);
     let mut deleted = 0;
+    // Rows written by others (the SQL contract) are counted in; the tail stays short.
+    {
+        let tx = rusqlite::Transaction::new_unchecked(conn, TransactionBehavior::Immediate)?;
+        counters::fold(&tx)?;
+        tx.commit()?;
+    }
     loop {
         let n = inbox::prune(conn, options, PRUNE_BATCH)? + outbox::prune_sent(conn, options, PRUNE_BATCH)?;
         deleted += n;

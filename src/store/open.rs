@@ -24,8 +24,11 @@ pub(crate) fn connect(path: &Path, options: &Options) -> Result<Connection> {
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))
         .map_err(on_open)?;
     if !current.eq_ignore_ascii_case("wal") {
-        // auto_vacuum only takes effect before the first table exists, so set it before WAL
-        // mode writes the header; on an existing file it is a no-op.
+        // page_size and auto_vacuum only take effect before the first table exists, so set them
+        // before WAL mode writes the header; on an existing file they are no-ops. page_size
+        // first: once auto_vacuum is set, SQLite keeps the page size it has.
+        conn.pragma_update(None, "page_size", options.page_size)
+            .map_err(on_open)?;
         conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
             .map_err(on_open)?;
         let mode = switch_to_wal(&conn, options.busy_timeout).map_err(on_open)?;

@@ -157,6 +157,7 @@ impl Limits {
 /// | [`synchronous`](Self::synchronous) | [`Synchronous::Full`] |
 /// | [`busy_timeout`](Self::busy_timeout) | 5 s |
 /// | [`wal_size_limit`](Self::wal_size_limit) | 4 MiB |
+/// | [`page_size`](Self::page_size) | 4096 bytes (SQLite's), for new files |
 /// | [`limits`](Self::limits) | [`Limits::default`] |
 /// | [`inbox_retention`](Self::inbox_retention) | 7 days |
 /// | [`keep_applied_payloads`](Self::keep_applied_payloads) | false |
@@ -170,6 +171,7 @@ pub struct Options {
     pub(crate) synchronous: Synchronous,
     pub(crate) busy_timeout: Duration,
     pub(crate) wal_size_limit: u64,
+    pub(crate) page_size: u32,
     pub(crate) limits: Limits,
     pub(crate) inbox_retention: Duration,
     pub(crate) keep_applied_payloads: bool,
@@ -188,6 +190,7 @@ impl Default for Options {
             synchronous: Synchronous::Full,
             busy_timeout: Duration::from_secs(5),
             wal_size_limit: 4 * 1024 * 1024,
+            page_size: 4096,
             limits: Limits::default(),
             inbox_retention: Duration::from_secs(7 * 24 * 3600),
             keep_applied_payloads: false,
@@ -224,6 +227,30 @@ impl Options {
     /// Size the WAL file is truncated back to after a checkpoint (default 4 MiB).
     pub fn wal_size_limit(mut self, bytes: u64) -> Self {
         self.wal_size_limit = bytes;
+        self
+    }
+
+    /// The database page size for a file created by this open: 512 to 65536, a power of two
+    /// (default 4096, SQLite's). An existing file keeps the page size it was created with.
+    ///
+    /// Every commit writes each page it changed to the WAL in full, and a transaction with one
+    /// message changes about three pages (the business row's, the outbox's, the sequence's), so a
+    /// device committing one message at a time writes about three pages of flash per message, and
+    /// the relay's mark one more. 1024-byte pages cut those bytes by about three quarters; larger
+    /// rows and tables then span more pages and lookups walk deeper trees (docs/operations.md,
+    /// "Flash wear", has the figures). Any other size is refused by the open
+    /// ([`Error::InvalidConfig`]), before the file is created.
+    ///
+    /// ```
+    /// use edge_outbox::{Options, Outbox};
+    /// # let dir = tempfile::tempdir()?;
+    /// let outbox = Outbox::open_with(dir.path().join("device.db"), Options::new().page_size(1024))?;
+    /// let size: u32 = outbox.with_connection(|c| c.query_row("PRAGMA page_size", [], |r| r.get(0)))?;
+    /// assert_eq!(size, 1024);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn page_size(mut self, bytes: u32) -> Self {
+        self.page_size = bytes;
         self
     }
 
@@ -305,6 +332,12 @@ impl Options {
         self.limits.validate()?;
         if self.max_attempts == 0 {
             return Err(Error::InvalidConfig("max_attempts must be at least 1".into()));
+        }
+        if !(512..=65_536).contains(&self.page_size) || !self.page_size.is_power_of_two() {
+            return Err(Error::InvalidConfig(format!(
+                "page_size must be a power of two from 512 to 65536, got {}",
+                self.page_size
+            )));
         }
         #[cfg(feature = "signed-commands")]
         if let Some(keys) = &self.trusted_keys {

@@ -2,9 +2,12 @@
 
 use std::ops::Deref;
 
+use std::sync::atomic::{AtomicI64, Ordering};
+
 use rusqlite::{OptionalExtension, Transaction, params};
 use serde::Serialize;
 
+use super::counters::{self, FOLD_TAIL};
 use super::options::{Limits, OnFull, Options};
 use crate::envelope::{MessageId, encode_headers_into, to_cbor};
 use crate::error::{Error, Result};
@@ -29,6 +32,11 @@ pub struct Tx<'c> {
     ids: Vec<MessageId>,
     /// Where [`Tx::publish`] serialises payloads: one buffer for the whole transaction.
     payload: Vec<u8>,
+    /// The handle's idea of the counters' `counted_through` (at most the real one), to fold the
+    /// tail in once it may be long (see `super::counters`); `None`: never fold here.
+    folded: Option<&'c AtomicI64>,
+    /// The highest sequence number inserted here.
+    last_seq: Option<i64>,
 }
 
 impl std::fmt::Debug for Tx<'_> {
@@ -40,12 +48,14 @@ impl std::fmt::Debug for Tx<'_> {
 }
 
 impl<'c> Tx<'c> {
-    pub(crate) fn new(tx: Transaction<'c>, limits: &'c Limits) -> Self {
+    pub(crate) fn new(tx: Transaction<'c>, limits: &'c Limits, folded: Option<&'c AtomicI64>) -> Self {
         Tx {
             tx,
             limits,
             ids: Vec::new(),
             payload: Vec::new(),
+            folded,
+            last_seq: None,
         }
     }
 
@@ -68,23 +78,39 @@ impl<'c> Tx<'c> {
             evictable: false,
             id: None,
         };
-        let id = insert(&self.tx, self.limits, &row)?;
-        self.push(id)
+        let inserted = insert(&self.tx, self.limits, &row)?;
+        self.push(inserted)
     }
 
     /// Queues a [`Message`] built with an event type, headers or an eviction class.
     pub fn send(&mut self, message: &Message) -> Result<MessageId> {
-        self.push(enqueue(&self.tx, self.limits, message)?)
+        let inserted = insert(&self.tx, self.limits, &message.row(&mut Vec::new()))?;
+        self.push(inserted)
     }
 
-    fn push(&mut self, id: MessageId) -> Result<MessageId> {
+    fn push(&mut self, (id, seq): (MessageId, i64)) -> Result<MessageId> {
         self.ids.push(id);
+        self.last_seq = Some(seq);
         Ok(id)
     }
 
     pub(crate) fn commit(self) -> Result<Vec<MessageId>> {
+        let mut folded_to = None;
+        if let (Some(folded), Some(last)) = (self.folded, self.last_seq)
+            && last - folded.load(Ordering::Relaxed) > FOLD_TAIL
+        {
+            folded_to = Some(counters::fold(&self.tx)?);
+        }
         self.tx.commit()?;
+        if let (Some(folded), Some(to)) = (self.folded, folded_to) {
+            folded.fetch_max(to, Ordering::Relaxed);
+        }
         Ok(self.ids)
+    }
+
+    /// The highest sequence number inserted so far in this transaction.
+    pub(crate) fn last_seq(&self) -> Option<i64> {
+        self.last_seq
     }
 
     pub(crate) fn ids(&self) -> &[MessageId] {
@@ -204,21 +230,25 @@ impl Message {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub fn enqueue(tx: &Transaction<'_>, limits: &Limits, message: &Message) -> Result<MessageId> {
-    let headers = (!message.headers.is_empty()).then(|| {
-        let mut out = Vec::new();
-        encode_headers_into(&mut out, &message.headers);
-        out
-    });
-    let row = Row {
-        topic: &message.topic,
-        key: &message.key,
-        payload: &message.payload,
-        event_type: message.event_type.as_deref(),
-        headers: headers.as_deref(),
-        evictable: message.evictable,
-        id: message.id,
-    };
-    insert(tx, limits, &row)
+    Ok(insert(tx, limits, &message.row(&mut Vec::new()))?.0)
+}
+
+impl Message {
+    /// The row to insert; `headers` holds the encoded headers it refers to.
+    fn row<'a>(&'a self, headers: &'a mut Vec<u8>) -> Row<'a> {
+        if !self.headers.is_empty() {
+            encode_headers_into(headers, &self.headers);
+        }
+        Row {
+            topic: &self.topic,
+            key: &self.key,
+            payload: &self.payload,
+            event_type: self.event_type.as_deref(),
+            headers: (!self.headers.is_empty()).then_some(headers.as_slice()),
+            evictable: self.evictable,
+            id: self.id,
+        }
+    }
 }
 
 /// Bytes reserved for a published payload up front: most events fit.
@@ -239,7 +269,8 @@ struct Row<'a> {
     id: Option<MessageId>,
 }
 
-fn insert(tx: &Transaction<'_>, limits: &Limits, row: &Row<'_>) -> Result<MessageId> {
+/// Inserts `row`; returns its id and sequence number.
+fn insert(tx: &Transaction<'_>, limits: &Limits, row: &Row<'_>) -> Result<(MessageId, i64)> {
     crate::topic::check(row.topic, limits.dollar_topics_allowed())?;
     if row.payload.len() > limits.payload_limit() {
         return Err(Error::PayloadTooLarge {
@@ -274,7 +305,7 @@ fn insert(tx: &Transaction<'_>, limits: &Limits, row: &Row<'_>) -> Result<Messag
             now_ms()
         ])?;
     }
-    Ok(id)
+    Ok((id, tx.last_insert_rowid()))
 }
 
 /// Makes the outbox able to take one more message of `size` bytes, evicting if allowed.
@@ -284,6 +315,9 @@ fn make_room(tx: &Transaction<'_>, limits: &Limits, size: u64) -> Result<()> {
             limit: format!("a {size}-byte message is larger than the {max}-byte pending limit"),
         });
     }
+    // Every row counted: the checks below read the counters alone, and an eviction (a counted
+    // row deleted) updates them through the trigger.
+    counters::fold(tx)?;
     loop {
         let (count, bytes): (u64, u64) = tx
             .prepare_cached("SELECT pending_count, pending_bytes FROM outbox_counters")?

@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use crate::error::{Error, Result};
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// Column default for "now" in Unix milliseconds. `julianday` works in every SQLite a foreign
 /// writer may link (Debian's Python ships 3.40), unlike `unixepoch('subsec')` (3.42+).
@@ -21,7 +21,7 @@ macro_rules! now_ms_sql {
 }
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
 
 /// Version 1: the outbox, the inbox, dead letters.
 const V1: &str = concat!(
@@ -149,6 +149,27 @@ ALTER TABLE outbox_sent ADD COLUMN sent_uptime INTEGER;
 -- The uptime clock when the command was applied or set aside as dead; NULL before that, and for
 -- rows from version 2.
 ALTER TABLE inbox ADD COLUMN done_uptime INTEGER;
+";
+
+/// Version 4: pending counts are folded in per batch of rows instead of per row by a trigger.
+///
+/// An insert no longer writes the counters row (a page written to the WAL at every commit, and a
+/// trigger run per row: most of what a message cost beyond its own row). `outbox_counters` now
+/// counts the rows up to `counted_through`; the rows above it (a short tail, whoever wrote them)
+/// are counted when read, and folded into the counters now and then (see `store::counters`).
+/// Deleting a counted row still updates the counters at once, whoever deletes it.
+const V4: &str = "
+ALTER TABLE outbox_counters ADD COLUMN counted_through INTEGER NOT NULL DEFAULT 0;
+-- The counters cover every row so far.
+UPDATE outbox_counters SET counted_through = coalesce((SELECT max(seq) FROM outbox), 0);
+DROP TRIGGER outbox_count_insert;
+DROP TRIGGER outbox_count_delete;
+CREATE TRIGGER outbox_count_delete AFTER DELETE ON outbox
+WHEN OLD.seq <= (SELECT counted_through FROM outbox_counters WHERE only = 1)
+BEGIN
+    UPDATE outbox_counters SET pending_count = pending_count - 1,
+        pending_bytes = pending_bytes - length(CAST(OLD.payload AS BLOB)) WHERE only = 1;
+END;
 ";
 
 /// The schema version of the store `conn` is on: 0 for a file edge-outbox has never opened. Reads

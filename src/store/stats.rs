@@ -50,9 +50,9 @@ impl Stats {
 }
 
 fn read_now(conn: &Connection) -> Result<Stats> {
-    let (pending_messages, pending_bytes, evicted, evicted_bytes) = conn
-        .prepare_cached("SELECT pending_count, pending_bytes, evicted, evicted_bytes FROM outbox_counters")?
-        .query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+    let c = super::counters::read(conn)?;
+    let (pending_messages, pending_bytes, evicted, evicted_bytes) =
+        (c.pending, c.pending_bytes, c.evicted, c.evicted_bytes);
     let oldest: Option<i64> = conn
         .prepare_cached("SELECT created_at FROM outbox ORDER BY seq LIMIT 1")?
         .query_row([], |r| r.get(0))

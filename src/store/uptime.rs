@@ -87,6 +87,12 @@ impl UptimeClock {
         self.since = Instant::now();
         Ok(())
     }
+
+    /// When [`advance`](Self::advance) next writes: a relay that sleeps until its next timer
+    /// wakes for this one too.
+    pub(crate) fn due(&self) -> Instant {
+        self.since + self.step
+    }
 }
 
 #[cfg(test)]

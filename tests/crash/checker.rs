@@ -288,6 +288,7 @@ pub fn table(verdicts: &[Verdict], markdown: bool) -> String {
         "committed",
         "delivered",
         "dups",
+        "dups/fault",
         "lost",
         "brk-lost",
         "dead",
@@ -310,6 +311,9 @@ pub fn table(verdicts: &[Verdict], markdown: bool) -> String {
                 v.committed.to_string(),
                 v.received.to_string(),
                 v.duplicates.to_string(),
+                // What each crash or cut cost in messages sent again (at-least-once's price: at
+                // most the in-flight window plus the acknowledged rows not yet marked).
+                format!("{:.1}", v.duplicates as f64 / v.faults.max(1) as f64),
                 v.lost.to_string(),
                 v.lost_by_broker.to_string(),
                 v.dead_lettered.to_string(),

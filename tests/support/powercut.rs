@@ -58,6 +58,18 @@ pub struct Counters {
     pub cuts: u64,
 }
 
+/// What was written to and synced on one file since the first mount, by its current name (the
+/// flash benchmark's per-file figures).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileCount {
+    /// The file's name in its directory (the last name seen, for a file that was unlinked).
+    pub name: String,
+    /// Bytes in `write` requests.
+    pub bytes: u64,
+    /// `fsync`/`fdatasync` requests.
+    pub syncs: u64,
+}
+
 /// What becomes of the writes not yet synced when the power goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unsynced {
@@ -200,6 +212,10 @@ struct State {
     nodes: HashMap<u64, Node>,
     next_ino: u64,
     counters: Counters,
+    /// Bytes written and syncs per inode (they carry over cuts, as `counters` do).
+    per_file: HashMap<u64, (u64, u64)>,
+    /// The last name each inode had, kept after it is unlinked (for `file_counters`).
+    names: HashMap<u64, String>,
     /// Set by a cut: the instance still mounted serves nothing and changes nothing any more.
     dead: bool,
     /// An injected disk failure, until cleared.
@@ -234,6 +250,8 @@ impl State {
             nodes: HashMap::from([(ROOT, Node::Dir(root))]),
             next_ino: ROOT + 1,
             counters: Counters::default(),
+            per_file: HashMap::new(),
+            names: HashMap::new(),
             dead: false,
             fault: None,
         }
@@ -309,6 +327,8 @@ impl State {
             nodes,
             next_ino: self.next_ino,
             counters,
+            per_file: self.per_file.clone(),
+            names: self.names.clone(),
             dead: false,
             fault: None,
         };
@@ -381,6 +401,7 @@ impl State {
         }
         dir.current.insert(name.to_owned(), ino);
         dir.meta.mtime = SystemTime::now();
+        self.names.insert(ino, name.to_string_lossy().into_owned());
         self.next_ino += 1;
         self.nodes.insert(ino, node);
         self.attr(ino).ok_or(Errno::EIO)
@@ -593,6 +614,7 @@ impl Filesystem for Fs {
             }
             s.dir(parent.0)?.current.remove(name);
             s.dir(newparent.0)?.current.insert(newname.to_owned(), ino);
+            s.names.insert(ino, newname.to_string_lossy().into_owned());
             Ok(())
         }) {
             Ok(()) => reply.ok(),
@@ -672,6 +694,7 @@ impl Filesystem for Fs {
     ) {
         let result = self.with(|s| {
             s.counters.writes += 1;
+            s.per_file.entry(ino.0).or_default().0 += data.len() as u64;
             let fault = s.fault;
             let f = s.file(ino.0)?;
             let offset = usize::try_from(offset).map_err(|_| Errno::EFBIG)?;
@@ -708,6 +731,7 @@ impl Filesystem for Fs {
         // fsync and fdatasync alike: the bytes and the length, not the name (see the module docs).
         match self.with(|s| {
             s.counters.file_syncs += 1;
+            s.per_file.entry(ino.0).or_default().1 += 1;
             if s.fault == Some(Fault::Io) {
                 return Err(Errno::EIO);
             }
@@ -821,6 +845,27 @@ impl PowerCutFs {
     /// Counts of writes, syncs and cuts so far.
     pub fn counters(&self) -> Counters {
         self.state.lock().unwrap_or_else(PoisonError::into_inner).counters
+    }
+
+    /// Bytes written and syncs per file since the first mount, by name (files never written
+    /// nor synced are left out).
+    pub fn file_counters(&self) -> Vec<FileCount> {
+        let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut out: Vec<FileCount> = s
+            .per_file
+            .iter()
+            .map(|(ino, &(bytes, syncs))| FileCount {
+                name: s
+                    .names
+                    .get(ino)
+                    .cloned()
+                    .unwrap_or_else(|| format!("(inode {ino})")),
+                bytes,
+                syncs,
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
     }
 
     /// Cuts the power: every change not made durable by an fsync is lost, and the file system

@@ -1,6 +1,7 @@
-//! Python for the interoperability tests: an interpreter that can `import cbor2`, provisioned the
-//! way cargo provisions crates. The `python3` on PATH is used when it has `cbor2`; otherwise a
-//! virtualenv under the target dir (`target/tmp/python-venv`) is made once, with `cbor2` from the
+//! Python for the interoperability tests: an interpreter that can `import cbor2` and
+//! `prometheus_client` (the metrics test parses the crate's output with it), provisioned the way
+//! cargo provisions crates. The `python3` on PATH is used when it has both; otherwise a
+//! virtualenv under the target dir (`target/tmp/python-venv`) is made once, with both from the
 //! package index, and reused by every later run.
 //!
 //! Tests that need Python are ignored at build time where there is no `python3` at all (see
@@ -13,17 +14,22 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-/// The version the interoperability scripts are tested with.
+/// The versions the interoperability scripts are tested with.
 const CBOR2: &str = "cbor2==5.6.5";
+const PROMETHEUS_CLIENT: &str = "prometheus_client==0.26.0";
 
-/// An interpreter with `cbor2`; panics with what went wrong when none can be had.
+/// An interpreter with `cbor2` and `prometheus_client`; panics with what went wrong when none can
+/// be had.
 pub fn python() -> PathBuf {
     static PYTHON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     PYTHON
         .get_or_init(|| provision().map_err(|e| e.to_string()))
         .clone()
         .unwrap_or_else(|e| {
-            panic!("no Python with cbor2: {e} (EDGE_OUTBOX_SKIP=python ignores the tests that need it)")
+            panic!(
+                "no Python with cbor2 and prometheus_client: {e} (EDGE_OUTBOX_SKIP=python ignores the \
+                 tests that need it)"
+            )
         })
 }
 
@@ -47,7 +53,7 @@ pub fn run_script(script: &str, args: &[&str]) -> io::Result<String> {
 
 fn provision() -> io::Result<PathBuf> {
     let system = PathBuf::from("python3");
-    if has_cbor2(&system) {
+    if has_modules(&system) {
         return Ok(system);
     }
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-venv");
@@ -57,11 +63,11 @@ fn provision() -> io::Result<PathBuf> {
     let lock = File::create(venv.with_extension("lock"))?;
     lock.lock()?;
     let python = venv.join("bin/python3");
-    if has_cbor2(&python) {
+    if has_modules(&python) {
         return Ok(python);
     }
     eprintln!(
-        "support: python3 lacks cbor2; making {} with {CBOR2}",
+        "support: python3 lacks cbor2 or prometheus_client; making {} with {CBOR2} and {PROMETHEUS_CLIENT}",
         venv.display()
     );
     checked(
@@ -82,22 +88,23 @@ fn provision() -> io::Result<PathBuf> {
                 "--quiet",
                 "--disable-pip-version-check",
                 CBOR2,
+                PROMETHEUS_CLIENT,
             ])
             .output(),
-        &format!("pip install {CBOR2} into {}", venv.display()),
+        &format!("pip install {CBOR2} {PROMETHEUS_CLIENT} into {}", venv.display()),
     )?;
-    if !has_cbor2(&python) {
+    if !has_modules(&python) {
         return Err(io::Error::other(format!(
-            "{} still cannot import cbor2",
+            "{} still cannot import cbor2 and prometheus_client",
             python.display()
         )));
     }
     Ok(python)
 }
 
-fn has_cbor2(python: &Path) -> bool {
+fn has_modules(python: &Path) -> bool {
     Command::new(python)
-        .args(["-c", "import cbor2"])
+        .args(["-c", "import cbor2, prometheus_client"])
         .output()
         .is_ok_and(|o| o.status.success())
 }

@@ -16,6 +16,7 @@ mod demo;
 mod exit;
 mod inbox;
 mod logging;
+mod metrics;
 mod output;
 mod pending;
 mod relay;
@@ -77,6 +78,8 @@ pub struct Global {
 enum Command {
     /// Pending messages, oldest age, dead letters, evictions, inbox, sizes, and the relay.
     Status,
+    /// The store's and the running relay's figures in the Prometheus text format.
+    Metrics,
     /// Messages waiting to be published, oldest first, payloads decoded to JSON.
     Pending(pending::PendingArgs),
     /// Commands received, oldest first (unapplied only unless --all), payloads decoded to JSON.
@@ -117,6 +120,7 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Status => status::run(&cli.global),
+        Command::Metrics => metrics::run(&cli.global),
         Command::Pending(args) => pending::run(&cli.global, &args),
         Command::Inbox(args) => inbox::run(&cli.global, &args),
         Command::DeadLetters(command) => dead_letters::run(&cli.global, &command),

@@ -47,7 +47,7 @@ pub fn run(global: &Global, args: &PendingArgs) -> Result<()> {
 /// The pending count and the first `limit` rows as JSON objects.
 fn read(conn: &Connection, limit: u32) -> rusqlite::Result<(u64, Vec<Json>)> {
     let tx = conn.unchecked_transaction()?;
-    let total: u64 = tx.query_row("SELECT pending_count FROM outbox_counters", [], |r| r.get(0))?;
+    let total: u64 = tx.query_row("SELECT count(*) FROM outbox", [], |r| r.get(0))?;
     let mut stmt = tx.prepare(
         "SELECT seq, id, topic, key, payload, event_type, headers, evictable, created_at
          FROM outbox ORDER BY seq LIMIT ?1",

@@ -4,7 +4,7 @@
 //! not acknowledged stays in the outbox for the next start.
 
 use std::io::{IsTerminal as _, Write as _};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
@@ -20,14 +20,15 @@ use tracing::level_filters::LevelFilter;
 
 use crate::broker_args::BrokerArgs;
 use crate::exit::CliError;
-use crate::output::{self, bytes, duration, now_ms};
-use crate::status_file::{self, RelayReport};
+use crate::output::{self, bytes, duration};
 use crate::{Global, Result, db, logging};
 
 /// How often the live status line is redrawn on a terminal.
 const LIVE_TICK: Duration = Duration::from_millis(250);
 /// How often a summary is logged when stderr is not a terminal.
 const LOG_EVERY: Duration = Duration::from_secs(60);
+/// Off a terminal, how often the command checks that the relay's threads still run.
+const CHECK_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -35,8 +36,9 @@ The database is created if it does not exist (other commands never create it). O
 write to it through the SQL contract (docs/schema.md) and the relay notices their commits \
 within the poll interval.
 
-While it runs, the relay rewrites <db>.relay-status.json every second; `edge-outbox status` \
-shows it. A second SIGINT or SIGTERM while stopping exits at once (code 1); messages not yet \
+While it runs, the relay keeps <db>.relay-status.json up to date (rewritten when something \
+changes, at least every 30 s); `edge-outbox status` shows it. --metrics-file keeps the same \
+figures in the Prometheus text format for node_exporter's textfile collector. A second SIGINT or SIGTERM while stopping exits at once (code 1); messages not yet \
 acknowledged stay pending and are published again on the next start.
 
 MQTT 5 is the default: a broker can then refuse a message (ACL, size, quota) and the relay moves \
@@ -92,6 +94,11 @@ pub struct RelayArgs {
     /// MqttConfig::topic_aliases for the brokers that mishandle them).
     #[arg(long)]
     pub topic_aliases: bool,
+    /// Keep the store's and the relay's metrics in this file, in the Prometheus text format
+    /// (for node_exporter's textfile collector: a `*.prom` file in its directory); rewritten
+    /// atomically when something changes, at least every 30 s; removed at exit.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_file: Option<PathBuf>,
 }
 
 pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
@@ -115,10 +122,9 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
     }
     let signals = Signals::new([SIGINT, SIGTERM]).map_err(installing)?;
     let relay = Relay::start(&outbox, config.clone())?;
-    let report = Report::new(&config, args.commands.clone());
+    let broker = format!("{}:{}", config.mqtt().host(), config.mqtt().port());
     let signal = Watch {
-        path: &path,
-        report,
+        broker,
         tty: std::io::stderr().is_terminal(),
     }
     .until_stop(&relay, signals, &stopping)?;
@@ -128,7 +134,6 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
     }
     let at_signal = relay.status().ok();
     let result = relay.shutdown();
-    status_file::remove(&path);
     logging::clear_line();
     let Some(signal) = signal else {
         // A relay thread ended on its own: exit 1 so a supervisor restarts the relay, rather than
@@ -159,6 +164,7 @@ fn config(args: &RelayArgs) -> Result<RelayConfig> {
         mqtt = mqtt.status_topic(topic);
     }
     let mut config = RelayConfig::new(mqtt)
+        .status_file(true)
         .max_in_flight(args.max_in_flight.into())
         .shutdown_timeout(Duration::from_secs(args.shutdown_timeout))
         .ack_timeout(Duration::from_secs(args.ack_timeout))
@@ -169,71 +175,20 @@ fn config(args: &RelayArgs) -> Result<RelayConfig> {
     if let Some(id) = &args.commands_client_id {
         config = config.commands_client_id(id);
     }
+    if let Some(file) = &args.metrics_file {
+        config = config.metrics_file(file);
+    }
     Ok(config)
 }
 
-/// What the status file says besides the counters.
-struct Report {
-    pid: u32,
-    started_at_ms: i64,
+/// The running relay's outputs: the live line on a terminal, or periodic log lines. (The relay
+/// writes the status file itself.)
+struct Watch {
     broker: String,
-    protocol: String,
-    client_id: String,
-    commands: Option<String>,
-}
-
-impl Report {
-    fn new(config: &RelayConfig, commands: Option<String>) -> Self {
-        let mqtt = config.mqtt();
-        Report {
-            pid: std::process::id(),
-            started_at_ms: now_ms(),
-            broker: format!("{}:{}", mqtt.host(), mqtt.port()),
-            protocol: mqtt.version().as_str().to_owned(),
-            client_id: mqtt.id().to_owned(),
-            commands,
-        }
-    }
-
-    fn with(&self, s: &Status) -> RelayReport {
-        RelayReport {
-            format: status_file::FORMAT,
-            pid: self.pid,
-            written_at_ms: now_ms(),
-            started_at_ms: self.started_at_ms,
-            broker: self.broker.clone(),
-            protocol: self.protocol.clone(),
-            client_id: self.client_id.clone(),
-            commands: self.commands.clone(),
-            connected: s.connected,
-            commands_connected: s.commands_connected,
-            in_flight: s.in_flight,
-            published: s.published,
-            acknowledged: s.acknowledged,
-            dead_lettered: s.dead_lettered,
-            refused: s.refused,
-            isolated: s.isolated,
-            broker_max_packet_size: s.broker_max_packet_size,
-            connections: s.connections,
-            commands_received: s.commands_received,
-            commands_duplicate: s.commands_duplicate,
-            commands_malformed: s.commands_malformed,
-            commands_rejected: s.commands_rejected,
-            commands_dead_lettered: s.commands_dead_lettered,
-            commands_retained_ignored: s.commands_retained_ignored,
-            last_error: s.last_error.clone(),
-        }
-    }
-}
-
-/// The running relay's outputs: the status file, and the live line or periodic log lines.
-struct Watch<'a> {
-    path: &'a Path,
-    report: Report,
     tty: bool,
 }
 
-impl Watch<'_> {
+impl Watch {
     /// Reports until a signal arrives (returns it) or a relay thread ends (returns None).
     fn until_stop(self, relay: &Relay, signals: Signals, stopping: &Arc<AtomicBool>) -> Result<Option<i32>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
@@ -249,33 +204,18 @@ impl Watch<'_> {
                 }
             })
             .map_err(|e| CliError::runtime(format!("spawning the signal thread: {e}")))?;
-        let tick = if self.tty {
-            LIVE_TICK
-        } else {
-            status_file::INTERVAL
-        };
-        let mut last_file: Option<Instant> = None;
+        let tick = if self.tty { LIVE_TICK } else { CHECK_EVERY };
         let mut last_log = Instant::now();
-        let mut file_failed = false;
         let signal = loop {
             if relay.is_finished() {
                 break None;
             }
-            if let Ok(s) = relay.status() {
-                if last_file.is_none_or(|t| t.elapsed() >= status_file::INTERVAL) {
-                    last_file = Some(Instant::now());
-                    match status_file::write(self.path, &self.report.with(&s)) {
-                        Ok(()) => file_failed = false,
-                        Err(e) if !file_failed => {
-                            file_failed = true;
-                            tracing::warn!(target: "edge_outbox::cli", error = %e, "cannot write the relay status file");
-                        }
-                        Err(_) => {}
-                    }
-                }
+            if (self.tty || last_log.elapsed() >= LOG_EVERY)
+                && let Ok(s) = relay.status()
+            {
                 if self.tty {
-                    logging::show_line(&live_line(&self.report, &s));
-                } else if last_log.elapsed() >= LOG_EVERY {
+                    logging::show_line(&live_line(&self.broker, &s));
+                } else {
                     last_log = Instant::now();
                     log_summary(&s);
                 }
@@ -292,11 +232,11 @@ impl Watch<'_> {
     }
 }
 
-fn live_line(report: &Report, s: &Status) -> String {
+fn live_line(broker: &str, s: &Status) -> String {
     let link = if s.connected {
-        format!("connected to {}", report.broker)
+        format!("connected to {broker}")
     } else {
-        format!("connecting to {}", report.broker)
+        format!("connecting to {broker}")
     };
     let oldest = s
         .store

@@ -11,6 +11,17 @@ use crate::db;
 use crate::output::{self, age_ms, bytes, count, duration};
 use crate::relay_probe::{self, Probe};
 use crate::status_file::{self, RelayReport};
+
+/// A Unix-milliseconds time as an operator reads it: `12:01:07 UTC` today, the full RFC 3339
+/// time otherwise.
+fn clock(ms: i64) -> String {
+    let stamp = crate::output::timestamp(ms);
+    let today = crate::output::timestamp(crate::output::now_ms());
+    match (stamp.get(..10), today.get(..10), stamp.get(11..19)) {
+        (Some(day), Some(now), Some(hms)) if day == now => format!("{hms} UTC"),
+        _ => stamp,
+    }
+}
 use crate::{Global, Result};
 
 /// The library's stats, read over the read-only connection, and the file's schema version.
@@ -64,7 +75,7 @@ impl Relay {
 
     /// The status file, if it describes the relay running now.
     fn current(&self) -> Option<&RelayReport> {
-        let fresh = self.report_age_ms <= status_file::FRESH.as_millis() as u64;
+        let fresh = self.report.as_ref().is_some_and(RelayReport::is_fresh);
         let holder_matches = match &self.probe {
             Probe::Running { pid: Some(pid) } => self.report.as_ref().is_some_and(|r| r.pid == *pid),
             Probe::Running { pid: None } | Probe::Unknown(_) => true,
@@ -172,7 +183,16 @@ fn relay_lines(relay: &Relay) -> Vec<String> {
     let connection = if r.connected {
         format!("connected to {}{protocol} as {}", r.broker, r.client_id)
     } else {
-        format!("not connected to {}{protocol} (client {})", r.broker, r.client_id)
+        // What an operator needs first: why, and since when.
+        let why = match (&r.last_error, r.last_error_since_ms) {
+            (Some(e), Some(since)) => format!(": {e}, since {}", clock(since)),
+            (Some(e), None) => format!(": {e}"),
+            (None, _) => String::new(),
+        };
+        format!(
+            "disconnected from {}{protocol} (client {}){why}",
+            r.broker, r.client_id
+        )
     };
     let mut lines = vec![
         format!("{head}, {connection}"),
@@ -203,8 +223,17 @@ fn relay_lines(relay: &Relay) -> Vec<String> {
             r.commands_retained_ignored
         ));
     }
-    if let Some(e) = &r.last_error {
-        lines.push(format!("              last error: {e}"));
+    if let (true, Some(e)) = (r.connected, &r.last_error) {
+        let since = r
+            .last_error_since_ms
+            .map_or(String::new(), |t| format!(", since {}", clock(t)));
+        lines.push(format!("              error: {e}{since}"));
+    }
+    if let Some(e) = &r.previous_error {
+        let cleared = r
+            .previous_error_cleared_ms
+            .map_or(String::new(), |t| format!(", cleared {}", clock(t)));
+        lines.push(format!("              previous error: {e}{cleared}"));
     }
     lines.push(format!(
         "              (relay status file written {} ago)",

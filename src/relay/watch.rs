@@ -1,0 +1,177 @@
+//! Wake-ups on the WAL file's changes: how an idle relay learns at once of commits made by other
+//! processes (the SQL contract) and other handles, without polling the file many times a second.
+//!
+//! Every commit, whoever makes it, appends to the WAL file; on Linux, inotify reports each write
+//! (`IN_MODIFY`) to a thread that wakes the relay's waiting threads. The relay still checks the
+//! file now and then (its safety net: an event lost to a full inotify queue, a file system that
+//! reports nothing), and falls back to its poll interval where there is no watch: not Linux, or
+//! inotify refused (its per-user limits), or the WAL file went away.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+
+/// After a change, how often the waiting thread checks whether a commit became visible...
+const RECHECK_EVERY: Duration = Duration::from_millis(5);
+/// ...and for how long at most (a commit's fsync on slow flash can take this long).
+const RECHECK_FOR: Duration = Duration::from_secs(1);
+
+/// A change seen in the file, not yet seen as a commit.
+///
+/// A commit writes its WAL frames (which is what wakes the watch) before it syncs them and
+/// publishes them in the shared-memory index (which wakes nobody): a reader woken by the write
+/// may find nothing new yet. So after a change the waiting thread checks `PRAGMA data_version`
+/// every few milliseconds until it moves, for a second at most, then goes back to sleep.
+#[derive(Debug, Default)]
+pub(crate) struct Unsettled {
+    until: Option<Instant>,
+}
+
+impl Unsettled {
+    /// The file changed.
+    pub(crate) fn on_change(&mut self) {
+        self.until = Some(Instant::now() + RECHECK_FOR);
+    }
+
+    /// The change became visible (or no longer matters).
+    pub(crate) fn settle(&mut self) {
+        self.until = None;
+    }
+
+    /// Whether to check again soon.
+    pub(crate) fn is_active(&mut self) -> bool {
+        if self.until.is_some_and(|t| Instant::now() >= t) {
+            self.until = None;
+        }
+        self.until.is_some()
+    }
+
+    /// How long to wait before checking, at most `otherwise`.
+    pub(crate) fn wait(&mut self, otherwise: Duration) -> Duration {
+        if self.is_active() {
+            otherwise.min(RECHECK_EVERY)
+        } else {
+            otherwise
+        }
+    }
+}
+
+/// A running watch; stopped and joined on drop.
+pub(crate) struct FileWatch {
+    #[cfg(target_os = "linux")]
+    inner: linux::Watch,
+}
+
+impl FileWatch {
+    /// Watches `wal`; each change sends one wake-up to each of `wake` (never blocking: a full
+    /// channel already has one pending). `None` where watching is not possible here: the caller
+    /// polls instead. When the watch ends on its own, the senders are dropped, which the
+    /// receivers see as disconnected.
+    pub(crate) fn start(wal: &Path, wake: Vec<Sender<()>>) -> Option<FileWatch> {
+        #[cfg(target_os = "linux")]
+        {
+            linux::Watch::start(wal, wake).map(|inner| FileWatch { inner })
+        }
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = (wal, wake);
+            tracing::debug!(
+                "no file notifications on this platform: the relay polls for other processes' commits"
+            );
+            None
+        }
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for FileWatch {
+    fn drop(&mut self) {
+        self.inner.stop();
+    }
+}
+
+#[cfg(target_os = "linux")]
+mod linux {
+    use std::path::Path;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::thread::{self, JoinHandle};
+    use std::time::Duration;
+
+    use crossbeam_channel::Sender;
+    use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask, Watches};
+
+    /// After waking the relay, the next events are read this much later: a burst of writes (a
+    /// busy writer, the relay's own marks) becomes one wake-up, not one per write.
+    const COALESCE: Duration = Duration::from_millis(2);
+
+    pub(super) struct Watch {
+        stopping: Arc<AtomicBool>,
+        watches: Watches,
+        wd: WatchDescriptor,
+        thread: Option<JoinHandle<()>>,
+    }
+
+    impl Watch {
+        pub(super) fn start(wal: &Path, wake: Vec<Sender<()>>) -> Option<Watch> {
+            let refused = |e: std::io::Error| {
+                tracing::info!(file = %wal.display(), error = %e, "cannot watch the WAL file: polling for other processes' commits instead");
+            };
+            let inotify = Inotify::init().map_err(refused).ok()?;
+            let mut watches = inotify.watches();
+            let wd = watches.add(wal, WatchMask::MODIFY).map_err(refused).ok()?;
+            let stopping = Arc::new(AtomicBool::new(false));
+            let thread = {
+                let (stopping, wal) = (stopping.clone(), wal.to_path_buf());
+                thread::Builder::new()
+                    .name("edge-outbox-watch".into())
+                    .spawn(move || run(inotify, &wal, &wake, &stopping))
+                    .map_err(refused)
+                    .ok()?
+            };
+            Some(Watch {
+                stopping,
+                watches,
+                wd,
+                thread: Some(thread),
+            })
+        }
+
+        pub(super) fn stop(&mut self) {
+            self.stopping.store(true, Ordering::SeqCst);
+            // Removing the watch queues an IN_IGNORED event: the thread's blocking read returns.
+            if self.watches.remove(self.wd.clone()).is_err() {
+                // Already gone (the file was removed): the thread has ended or is ending.
+            }
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    fn run(mut inotify: Inotify, wal: &Path, wake: &[Sender<()>], stopping: &AtomicBool) {
+        let mut buffer = [0u8; 1024];
+        loop {
+            let gone = match inotify.read_events_blocking(&mut buffer) {
+                Ok(events) => events.into_iter().any(|e| e.mask.contains(EventMask::IGNORED)),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!(file = %wal.display(), error = %e, "stopped watching the WAL file: polling instead");
+                    return;
+                }
+            };
+            if stopping.load(Ordering::SeqCst) {
+                return;
+            }
+            for w in wake {
+                let _ = w.try_send(());
+            }
+            if gone {
+                tracing::info!(file = %wal.display(), "the WAL file went away: polling for other processes' commits instead");
+                return;
+            }
+            thread::sleep(COALESCE);
+        }
+    }
+}
