@@ -98,6 +98,7 @@
 
 mod cbor;
 mod commands;
+pub mod consumer;
 pub mod envelope;
 mod error;
 #[doc(hidden)]
@@ -113,7 +114,7 @@ mod time;
 mod topic;
 
 pub use commands::send_command;
-pub use envelope::{Envelope, MessageId};
+pub use envelope::{Envelope, GapCause, GapNotice, MessageId, Published};
 pub use error::{Error, Result};
 pub use mqtt::{MqttConfig, Protocol, TlsConfig};
 pub use relay::{Relay, RelayConfig, Status};

@@ -77,6 +77,7 @@ fn envelope(key: &str, payload: &Value) -> (MessageId, Vec<u8>) {
     let env = Envelope {
         id,
         source: Cow::Borrowed("cloud"),
+        epoch: 0,
         seq: 1,
         key: Cow::Owned(key.to_owned()),
         created_ms: 0,

@@ -50,6 +50,7 @@ fn python_decodes_what_rust_encodes() -> TestResult {
     let env = Envelope {
         id,
         source: "device-7".into(),
+        epoch: 7,
         seq: 42,
         key: "order-1".into(),
         created_ms: 1_767_225_600_123,
@@ -180,6 +181,7 @@ fn the_documented_example_is_exact() -> TestResult {
     let env = Envelope {
         id: "019b7a3e-5c7b-7c2a-9d4e-0f1a2b3c4d5e".parse()?,
         source: "pump-17".into(),
+        epoch: 0,
         seq: 42,
         key: "order-1".into(),
         created_ms: 1_767_225_600_123,

@@ -36,6 +36,15 @@ pub struct Status {
     /// Of those, rows set aside as poison: the oldest unacknowledged message across consecutive
     /// disconnects or ack timeouts.
     pub isolated: u64,
+    /// Messages removed unpublished because their expiry passed, since start.
+    pub expired: u64,
+    /// Messages covered by gap notices the broker acknowledged since start: every message the
+    /// device removed unpublished (evicted, expired, dead-lettered, purged) is announced to the
+    /// cloud this way.
+    pub gaps_announced: u64,
+    /// The broker the publishing session is connected to, or last tried (`host:port`, from the
+    /// failover list of [`MqttConfig`](crate::MqttConfig)).
+    pub broker: Option<String>,
     /// The broker's maximum packet size from its last CONNACK (MQTT 5), if it sent one. Messages
     /// needing a larger packet are dead-lettered; an application can size
     /// [`Limits::max_payload_bytes`](crate::Limits::max_payload_bytes) from it.
@@ -80,6 +89,9 @@ pub(crate) struct StatusCell {
     dead_lettered: AtomicU64,
     refused: AtomicU64,
     isolated: AtomicU64,
+    expired: AtomicU64,
+    gaps_announced: AtomicU64,
+    broker: Mutex<Option<String>>,
     connections: AtomicU64,
     disconnects: AtomicU64,
     commands_received: AtomicU64,
@@ -149,6 +161,20 @@ impl StatusCell {
 
     pub(crate) fn on_refused(&self, n: usize) {
         self.refused.fetch_add(n as u64, Relaxed);
+    }
+
+    pub(crate) fn on_expired(&self, n: u64) {
+        self.expired.fetch_add(n, Relaxed);
+    }
+
+    pub(crate) fn on_gap_announced(&self, messages: i64) {
+        self.gaps_announced
+            .fetch_add(u64::try_from(messages).unwrap_or(0), Relaxed);
+    }
+
+    /// The broker the publishing session now connects to.
+    pub(crate) fn set_broker(&self, endpoint: &str) {
+        *self.broker.lock().unwrap_or_else(PoisonError::into_inner) = Some(endpoint.to_owned());
     }
 
     pub(crate) fn on_isolated(&self) {
@@ -222,6 +248,9 @@ impl StatusCell {
             dead_lettered: self.dead_lettered.load(Relaxed),
             refused: self.refused.load(Relaxed),
             isolated: self.isolated.load(Relaxed),
+            expired: self.expired.load(Relaxed),
+            gaps_announced: self.gaps_announced.load(Relaxed),
+            broker: self.broker.lock().unwrap_or_else(PoisonError::into_inner).clone(),
             broker_max_packet_size: granted.max_packet_size,
             broker_receive_maximum: granted.receive_max,
             connections: self.connections.load(Relaxed),

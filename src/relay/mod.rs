@@ -2,6 +2,7 @@
 //! apply commands.
 
 mod durability;
+mod gaps;
 mod lock;
 mod marker;
 mod publisher;

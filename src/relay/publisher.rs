@@ -20,7 +20,7 @@
 //!   `poison_disconnects` strikes in a row the row is dead-lettered as poison, so one bad row
 //!   cannot stop the outbox behind it, and a single transient drop never dead-letters anything.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,8 +30,9 @@ use rusqlite::Connection;
 
 use super::RelayConfig;
 use super::durability::Barrier;
+use super::gaps;
 use super::marker::Marks;
-use super::rows::{self, Encoding, Ready, Unpublishable};
+use super::rows::{self, Encoding, Ready, Sinks, Unpublishable};
 use crate::error::Result;
 use crate::mqtt::backoff::Backoff;
 use crate::mqtt::driver::{Link, SessionHandle, Signal};
@@ -40,6 +41,7 @@ use crate::mqtt::status::StatusCell;
 use crate::mqtt::tracker::{Seq, Tracker};
 use crate::mqtt::{Aliases, MqttClient, Protocol};
 use crate::store::Options;
+use crate::store::epoch::Epochs;
 
 pub(crate) struct Publisher {
     pub conn: Connection,
@@ -76,6 +78,17 @@ struct State {
     ready: VecDeque<Ready>,
     /// Highest sequence number read so far on this connection.
     cursor: i64,
+    /// Highest `outbox_gaps.gap_id` read so far on this connection.
+    gap_cursor: i64,
+    /// Gap notices handed out on this connection: token to `seq` range.
+    notices: HashMap<i64, (i64, i64)>,
+    /// Gap ranges whose notices were acknowledged, not yet handed to the marker.
+    announced: Vec<(i64, i64)>,
+    /// Rows read whose expiry had passed: removed (with their gap rows) instead of published.
+    expired: Vec<i64>,
+    /// Which epoch each row is numbered in (read at start: epochs change only when a store is
+    /// opened).
+    epochs: Epochs,
     /// Highest sequence number handed to rumqttc, on any connection.
     highest_submitted: i64,
     /// Rows up to this number were handed to rumqttc on an earlier connection: handing one over
@@ -137,6 +150,11 @@ impl Publisher {
             tracker: Tracker::default(),
             ready: VecDeque::new(),
             cursor: 0,
+            gap_cursor: 0,
+            notices: HashMap::new(),
+            announced: Vec::new(),
+            expired: Vec::new(),
+            epochs: Epochs::read(&self.conn)?,
             highest_submitted: 0,
             resend_through: 0,
             at_end: false,
@@ -247,6 +265,8 @@ impl Publisher {
             0
         };
         s.resend_through = s.highest_submitted;
+        s.gap_cursor = 0;
+        s.notices.clear();
         s.at_end = false;
         let g = &link.granted;
         let window = g.receive_max.map_or(self.config.max_in_flight, |m| {
@@ -316,11 +336,26 @@ impl Publisher {
             }
         }
         match ack.verdict {
+            Verdict::Accepted if gaps::is_notice(seq) => {
+                self.status.on_answered(s.tracker.in_flight());
+                s.quota_backoff.reset();
+                self.announced(s, seq, None);
+            }
             Verdict::Accepted => {
                 crate::failpoint::hit("after-puback-before-mark");
                 s.acked.push(seq);
                 self.status.on_acked(s.tracker.in_flight());
                 s.quota_backoff.reset();
+            }
+            Verdict::Refused(reason) if gaps::is_notice(seq) => {
+                self.status.on_answered(s.tracker.in_flight());
+                self.announced(s, seq, Some(format!("the broker refused it: PUBACK reason {reason}")));
+                if awaited {
+                    self.renew(
+                        s,
+                        Cause::new(CauseKind::Retry, "a refused message held a packet id"),
+                    );
+                }
             }
             Verdict::Refused(reason) => {
                 tracing::warn!(seq, %reason, "the broker refused a message: moving it to the dead letters");
@@ -350,6 +385,26 @@ impl Publisher {
                     );
                 }
             }
+        }
+    }
+
+    /// A gap notice is done with: acknowledged, or (with `failed`) given up on, which loses the
+    /// announcement (the cloud then sees those numbers as an unexplained gap) and is logged.
+    fn announced(&mut self, s: &mut State, token: i64, failed: Option<String>) {
+        let Some(range) = s.notices.remove(&token) else {
+            return;
+        };
+        match failed {
+            None => self.status.on_gap_announced(range.1 - range.0 + 1),
+            Some(why) => {
+                tracing::error!(first = range.0, last = range.1, %why, "a gap notice could not be published: the cloud will see these messages as an unexplained gap");
+                self.status.set_error(format!("a gap notice could not be published: {why}"));
+            }
+        }
+        s.announced.push(range);
+        if !self.marks.send_announced(&mut s.announced) {
+            tracing::error!("the marker thread is gone; announced gaps stay recorded");
+            s.announced.clear();
         }
     }
 
@@ -420,6 +475,10 @@ impl Publisher {
             )
         };
         s.suspect = None;
+        if gaps::is_notice(seq) {
+            self.announced(s, seq, Some(reason));
+            return;
+        }
         tracing::warn!(seq, %reason, "isolating a message the broker keeps choking on");
         match rows::dead_letter(&mut self.conn, &[Unpublishable { seq, reason }]) {
             Ok(()) => {
@@ -470,6 +529,10 @@ impl Publisher {
             {
                 Ok(()) => {
                     s.tracker.submit(row.seq);
+                    if gaps::is_notice(row.seq) {
+                        self.status.on_published(s.tracker.in_flight(), false);
+                        continue;
+                    }
                     self.status
                         .on_published(s.tracker.in_flight(), row.seq <= s.resend_through);
                     s.highest_submitted = s.highest_submitted.max(row.seq);
@@ -497,6 +560,7 @@ impl Publisher {
         let mut bad = Vec::new();
         let enc = Encoding {
             source: &self.config.source,
+            epochs: &s.epochs,
             max_packet: live.max_packet,
             limit_owner: live.limit_owner,
             properties: match self.config.mqtt.version() {
@@ -505,8 +569,16 @@ impl Publisher {
             },
             allow_dollar: self.options.limits.dollar_topics_allowed(),
         };
+        // Gap notices first: each goes out before the rows read after it.
+        let gap_read = gaps::read_after(&self.conn, &enc, s.gap_cursor, READ_BATCH, &mut s.ready, &mut s.notices)?;
+        s.gap_cursor = gap_read.last_gap_id.unwrap_or(s.gap_cursor);
         let before = s.ready.len();
-        let read = rows::read_after(&self.conn, &enc, s.cursor, limit, &mut s.ready, &mut bad)?;
+        let sinks = Sinks {
+            ready: &mut s.ready,
+            bad: &mut bad,
+            expired: &mut s.expired,
+        };
+        let read = rows::read_after(&self.conn, &enc, s.cursor, limit, sinks)?;
         if crate::mutant::active("reorder") {
             s.ready.make_contiguous()[before..].reverse();
         }
@@ -522,9 +594,22 @@ impl Publisher {
             s.durable_through = high.max(last);
         }
         s.cursor = read.last_seq.unwrap_or(s.cursor);
-        s.at_end = read.rows < limit;
+        s.at_end = read.rows < limit && gap_read.rows < READ_BATCH;
         if !bad.is_empty() {
             self.dead_letter(&bad);
+            // Their gap rows are new: read them.
+            s.at_end = false;
+        }
+        if !s.expired.is_empty() {
+            match rows::expire(&mut self.conn, &mut s.expired) {
+                Ok(n) => self.status.on_expired(n),
+                // They stay, and are found expired again on the next read.
+                Err(e) => {
+                    tracing::error!(error = %e, "could not remove expired rows");
+                    s.expired.clear();
+                }
+            }
+            s.at_end = false;
         }
         Ok(())
     }
@@ -541,6 +626,7 @@ impl Publisher {
         let refused = std::mem::take(&mut s.refused);
         match rows::dead_letter(&mut self.conn, &refused) {
             Ok(()) => {
+                s.at_end = false;
                 self.status.on_dead_lettered(refused.len());
                 self.status.on_refused(refused.len());
             }

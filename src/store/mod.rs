@@ -2,6 +2,8 @@
 
 mod apply;
 mod dead_letters;
+pub(crate) mod epoch;
+pub(crate) mod gaps;
 pub(crate) mod gate;
 mod inbox;
 mod open;
@@ -74,7 +76,8 @@ impl Outbox {
     /// Opens the store at `path` with `options`.
     pub fn open_with(path: impl AsRef<Path>, options: Options) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let conn = open::connect(&path, &options)?;
+        let mut conn = open::connect(&path, &options)?;
+        epoch::check_file(&mut conn, &path)?;
         let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
         Ok(Outbox {
             shared: Arc::new(Shared {
@@ -304,6 +307,48 @@ impl Outbox {
         }
     }
 
+    /// Removes pending messages unpublished, for an operator: those on `topic`, or all of them
+    /// with `None`. Each removal is recorded in the same transaction, and the relay announces it
+    /// to the cloud as a gap (cause `purged`), so the loss is visible there rather than silent.
+    /// Returns how many were removed.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().expect("temp dir");
+    /// let outbox = edge_outbox::Outbox::open(dir.path().join("device.db"))?;
+    /// outbox.transaction(|tx| {
+    ///     tx.publish("debug/trace", "t", &"verbose")?;
+    ///     tx.publish("orders/placed", "o-1", &40)
+    /// })?;
+    /// assert_eq!(outbox.purge_pending(Some("debug/trace"))?, 1);
+    /// assert_eq!(outbox.stats()?.pending_messages, 1);
+    /// # Ok::<(), edge_outbox::Error>(())
+    /// ```
+    pub fn purge_pending(&self, topic: Option<&str>) -> Result<u64> {
+        self.check_can_write("Outbox::purge_pending")?;
+        let _turn = self.enter_gate()?;
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let seqs = {
+            let mut stmt = tx.prepare("SELECT seq FROM outbox WHERE ?1 IS NULL OR topic = ?1 ORDER BY seq")?;
+            stmt.query_map([topic], |r| r.get::<_, i64>(0))?
+                .collect::<rusqlite::Result<Vec<i64>>>()?
+        };
+        let removed = gaps::remove(&tx, &seqs, gaps::Removal::Purged, None)?;
+        tx.commit()?;
+        drop(conn);
+        if removed > 0 {
+            tracing::warn!(messages = removed, topic, "purged pending messages unpublished (the relay announces the gap)");
+            self.wake_relay();
+        }
+        Ok(removed)
+    }
+
+    /// The epoch this store numbers new messages in (the envelope's `ep`). It changes when the
+    /// file is recreated, restored from a copy, or salvaged after damage.
+    pub fn epoch(&self) -> Result<u64> {
+        epoch::current(&self.lock())
+    }
+
     /// Runs `f` with this handle's connection, for reads and maintenance the crate does not wrap.
     /// Writes should go through [`Outbox::transaction`].
     pub fn with_connection<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
@@ -385,7 +430,9 @@ pub(crate) fn maintain_for(conn: &Connection, options: &Options, budget: Duratio
     let out_of_time = || deadline.is_some_and(|d| Instant::now() >= d);
     let mut deleted = 0;
     loop {
-        let n = inbox::prune(conn, options, PRUNE_BATCH)? + outbox::prune_sent(conn, options, PRUNE_BATCH)?;
+        let n = gaps::expire_due(conn, PRUNE_BATCH)?
+            + inbox::prune(conn, options, PRUNE_BATCH)?
+            + outbox::prune_sent(conn, options, PRUNE_BATCH)?;
         deleted += n;
         if n == 0 {
             break;

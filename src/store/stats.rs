@@ -30,6 +30,11 @@ pub struct Stats {
     pub inbox_unapplied: u64,
     /// Applied command ids retained to recognise redeliveries.
     pub inbox_applied: u64,
+    /// The epoch new messages are numbered in (the envelope's `ep`; see [`Outbox::epoch`](crate::Outbox::epoch)).
+    pub epoch: u64,
+    /// Messages removed unpublished (evicted, expired, dead-lettered, purged) whose gap notice the
+    /// relay has not yet had acknowledged.
+    pub gaps_unannounced: u64,
 }
 
 impl Stats {
@@ -58,6 +63,7 @@ fn read_now(conn: &Connection) -> Result<Stats> {
         .query_row([], |r| r.get(0))
         .optional()?;
     let count = |sql: &str| -> Result<u64> { Ok(conn.prepare_cached(sql)?.query_row([], |r| r.get(0))?) };
+    let v3 = super::schema_version(conn)? >= 3;
     Ok(Stats {
         pending_messages,
         pending_bytes,
@@ -67,5 +73,8 @@ fn read_now(conn: &Connection) -> Result<Stats> {
         dead_letters: count("SELECT count(*) FROM dead_letters")?,
         inbox_unapplied: count("SELECT count(*) FROM inbox WHERE applied_at IS NULL AND dead_at IS NULL")?,
         inbox_applied: count("SELECT count(*) FROM inbox WHERE applied_at IS NOT NULL")?,
+        // A file not yet migrated (read by the CLI, read-only) has neither.
+        epoch: if v3 { super::epoch::current(conn)? } else { 0 },
+        gaps_unannounced: if v3 { count("SELECT count(*) FROM outbox_gaps")? } else { 0 },
     })
 }
