@@ -20,7 +20,7 @@
 //!   `poison_disconnects` strikes in a row the row is dead-lettered as poison, so one bad row
 //!   cannot stop the outbox behind it, and a single transient drop never dead-letters anything.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -82,6 +82,8 @@ struct State {
     gap_cursor: i64,
     /// Gap notices handed out on this connection: token to `seq` range.
     notices: HashMap<i64, (i64, i64)>,
+    /// Gap notices read but held until the rows before their range are queued, by token.
+    held: BTreeMap<i64, Ready>,
     /// Gap ranges whose notices were acknowledged, not yet handed to the marker.
     announced: Vec<(i64, i64)>,
     /// Rows read whose expiry had passed: removed (with their gap rows) instead of published.
@@ -152,6 +154,7 @@ impl Publisher {
             cursor: 0,
             gap_cursor: 0,
             notices: HashMap::new(),
+            held: BTreeMap::new(),
             announced: Vec::new(),
             expired: Vec::new(),
             epochs: Epochs::read(&self.conn)?,
@@ -267,6 +270,7 @@ impl Publisher {
         s.resend_through = s.highest_submitted;
         s.gap_cursor = 0;
         s.notices.clear();
+        s.held.clear();
         s.at_end = false;
         let g = &link.granted;
         let window = g.receive_max.map_or(self.config.max_in_flight, |m| {
@@ -569,19 +573,34 @@ impl Publisher {
             },
             allow_dollar: self.options.limits.dollar_topics_allowed(),
         };
-        // Gap notices first: each goes out before the rows read after it.
-        let gap_read = gaps::read_after(&self.conn, &enc, s.gap_cursor, READ_BATCH, &mut s.ready, &mut s.notices)?;
+        let mut notices = VecDeque::new();
+        let gap_read = gaps::read_after(&self.conn, &enc, s.gap_cursor, READ_BATCH, &mut notices, &mut s.notices)?;
         s.gap_cursor = gap_read.last_gap_id.unwrap_or(s.gap_cursor);
-        let before = s.ready.len();
+        s.held.extend(notices.into_iter().map(|n| (n.seq, n)));
+        let mut fresh = VecDeque::new();
         let sinks = Sinks {
-            ready: &mut s.ready,
+            ready: &mut fresh,
             bad: &mut bad,
             expired: &mut s.expired,
         };
         let read = rows::read_after(&self.conn, &enc, s.cursor, limit, sinks)?;
         if crate::mutant::active("reorder") {
-            s.ready.make_contiguous()[before..].reverse();
+            fresh.make_contiguous().reverse();
         }
+        // Notices go out in number order among the rows, so the cloud sees one ordered stream:
+        // before the first row above their range, and once the rows are read past them (all of
+        // them at the end of the outbox). A removal behind the cursor goes out at once.
+        for row in fresh {
+            release_notices(&mut s.held, &mut s.ready, row.seq);
+            s.ready.push_back(row);
+        }
+        let rows_at_end = read.rows < limit;
+        let read_through = read.last_seq.unwrap_or(s.cursor).max(s.cursor);
+        release_notices(
+            &mut s.held,
+            &mut s.ready,
+            if rows_at_end { i64::MAX } else { read_through.saturating_add(1) },
+        );
         if let Some(last) = read.last_seq
             && last > s.durable_through
         {
@@ -594,7 +613,7 @@ impl Publisher {
             s.durable_through = high.max(last);
         }
         s.cursor = read.last_seq.unwrap_or(s.cursor);
-        s.at_end = read.rows < limit && gap_read.rows < READ_BATCH;
+        s.at_end = rows_at_end && gap_read.rows < READ_BATCH;
         if !bad.is_empty() {
             self.dead_letter(&bad);
             // Their gap rows are new: read them.
@@ -697,6 +716,17 @@ impl Publisher {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "could not poll the database for changes"),
         }
+    }
+}
+
+/// Moves the held gap notices whose range starts below outbox row `below` to the end of `ready`.
+fn release_notices(held: &mut BTreeMap<i64, Ready>, ready: &mut VecDeque<Ready>, below: i64) {
+    let limit = gaps::TOKEN_BASE.saturating_add(below);
+    while let Some(entry) = held.first_entry() {
+        if *entry.key() >= limit {
+            return;
+        }
+        ready.push_back(entry.remove());
     }
 }
 
