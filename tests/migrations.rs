@@ -88,7 +88,15 @@ fn reopening_is_idempotent_and_keeps_data() -> TestResult {
         let again = Outbox::open(&path)?;
         assert_eq!(schema_version(&again)?, SCHEMA_VERSION);
         assert_eq!(schema_sql(&again)?, schema, "reopening changed the schema");
-        assert_eq!(query_i64(&again, "SELECT count(*) FROM edge_outbox_meta")?, 1);
+        assert_eq!(
+            query_i64(&again, "SELECT count(*) FROM edge_outbox_meta WHERE name = 'schema_version'")?,
+            1
+        );
+        assert_eq!(
+            query_i64(&again, "SELECT count(*) FROM edge_outbox_epochs")?,
+            1,
+            "reopening the same file starts no epoch"
+        );
         let stored: Vec<u8> =
             again.with_connection(|c| c.query_row("SELECT id FROM outbox", [], |r| r.get(0)))?;
         assert_eq!(stored, id.as_bytes());
@@ -127,8 +135,16 @@ fn handles_racing_to_open_a_new_file_migrate_it_once() -> TestResult {
             assert_eq!(schema_version(outbox)?, SCHEMA_VERSION);
         }
         assert_eq!(
-            query_i64(&handles[0], "SELECT count(*) FROM edge_outbox_meta")?,
+            query_i64(
+                &handles[0],
+                "SELECT count(*) FROM edge_outbox_meta WHERE name = 'schema_version'"
+            )?,
             1
+        );
+        assert_eq!(
+            query_i64(&handles[0], "SELECT count(*) FROM edge_outbox_epochs")?,
+            1,
+            "one epoch: the schema was created once"
         );
         assert_eq!(
             query_i64(
@@ -271,6 +287,7 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
         drop(outbox);
         // Back to what version 1 wrote, as an older build left the file.
         let conn = rusqlite::Connection::open(&path)?;
+        back_to_version_2(&conn)?;
         conn.execute_batch(
             "DROP INDEX inbox_claimed;
              DROP INDEX inbox_retained;
@@ -303,5 +320,68 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
         }
     );
     assert_eq!(query_i64(&outbox, "SELECT attempts FROM inbox")?, 2);
+    Ok(())
+}
+
+/// Undoes migration 3 on `conn`'s file: what a version 2 build left.
+fn back_to_version_2(conn: &rusqlite::Connection) -> TestResult {
+    let sql: String = conn.query_row("SELECT sql FROM sqlite_schema WHERE name = 'outbox'", [], |r| r.get(0))?;
+    let start = sql.find("DEFAULT (CAST(").ok_or("no UUIDv4 default")?;
+    let end = start + sql[start..].find("AS BLOB))").ok_or("no end of the default")? + "AS BLOB))".len();
+    let v2 = format!("{}DEFAULT (randomblob(16)){}", &sql[..start], &sql[end..]);
+    let cookie: i64 = conn.query_row("PRAGMA schema_version", [], |r| r.get(0))?;
+    conn.execute_batch("BEGIN; PRAGMA writable_schema = ON;")?;
+    conn.execute("UPDATE sqlite_schema SET sql = ?1 WHERE name = 'outbox'", [v2])?;
+    conn.execute_batch(&format!(
+        "PRAGMA schema_version = {}; PRAGMA writable_schema = OFF; COMMIT;",
+        cookie + 1
+    ))?;
+    conn.execute_batch(
+        "DROP TABLE edge_outbox_epochs;
+         DROP TABLE outbox_gaps;
+         DROP INDEX outbox_expiring;
+         ALTER TABLE outbox DROP COLUMN expires_at;
+         DELETE FROM edge_outbox_meta WHERE name = 'file_id';
+         UPDATE edge_outbox_meta SET value = 2 WHERE name = 'schema_version';",
+    )?;
+    Ok(())
+}
+
+/// A version 2 file is migrated to version 3 in place: its pending rows, its sequence counter
+/// and the triggers that count rows all survive; the numbering carries on in an epoch that
+/// starts at its first row (so numbers already published keep their meaning); the SQL default
+/// mints UUIDv4 ids from then on.
+#[test]
+fn a_version_2_outbox_is_migrated_to_version_3_and_its_numbering_carries_on() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    {
+        let outbox = Outbox::open(&path)?;
+        for i in 0..5 {
+            outbox.transaction(|tx| tx.publish("t", "k", &i))?;
+        }
+        drop(outbox);
+        let conn = rusqlite::Connection::open(&path)?;
+        // Three were published and deleted; two are pending.
+        conn.execute("DELETE FROM outbox WHERE seq <= 3", [])?;
+        back_to_version_2(&conn)?;
+        let sql: String = conn.query_row("SELECT sql FROM sqlite_schema WHERE name = 'outbox'", [], |r| r.get(0))?;
+        assert!(sql.contains("DEFAULT (randomblob(16))"), "{sql}");
+        assert_eq!(conn.query_row("PRAGMA integrity_check", [], |r| r.get::<_, String>(0))?, "ok");
+    }
+    let outbox = Outbox::open(&path)?;
+    assert_eq!(schema_version(&outbox)?, SCHEMA_VERSION);
+    let ok: String = outbox.with_connection(|c| c.query_row("PRAGMA integrity_check", [], |r| r.get(0)))?;
+    assert_eq!(ok, "ok");
+    assert_eq!(
+        query_i64(&outbox, "SELECT first_seq FROM edge_outbox_epochs WHERE reason = 'migrated'")?,
+        1
+    );
+    assert_eq!(outbox.stats()?.pending_messages, 2, "the counting triggers survive");
+    outbox.with_connection(|c| c.execute("INSERT INTO outbox (topic, payload) VALUES ('t', x'01')", []))?;
+    assert_eq!(query_i64(&outbox, "SELECT max(seq) FROM outbox")?, 6, "no number is reused");
+    let hex: String = outbox.with_connection(|c| c.query_row("SELECT hex(id) FROM outbox WHERE seq = 6", [], |r| r.get(0)))?;
+    assert_eq!(&hex[12..13], "4", "version nibble of {hex}");
+    assert!(["8", "9", "A", "B"].contains(&&hex[16..17]), "variant of {hex}");
+    assert_eq!(outbox.stats()?.pending_messages, 3);
     Ok(())
 }
