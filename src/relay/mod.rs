@@ -206,6 +206,11 @@ impl RelayConfig {
         &self.mqtt
     }
 
+    /// The envelopes' `src`.
+    pub fn source_name(&self) -> &str {
+        &self.source
+    }
+
     fn validate(&self) -> Result<()> {
         if self.max_in_flight == 0 || self.max_in_flight > usize::from(u16::MAX) {
             return Err(Error::InvalidConfig(
@@ -392,7 +397,7 @@ impl Relay {
             handler_done: None,
         };
         let backoff = Backoff::new(config.backoff_min, config.backoff_max);
-        let endpoint = config.mqtt.endpoint();
+        let endpoints = config.mqtt.endpoints().join(", ");
 
         // Publishing session: one thread drives the connections, one feeds them rows, one marks
         // acks.
@@ -403,11 +408,9 @@ impl Relay {
             let stop = stop_rx.clone();
             let backoff = backoff.clone();
             let session = session.clone();
-            let endpoint = endpoint.clone();
             relay.spawn_thread("edge-outbox-mqtt", move || {
                 let driver = Driver {
                     name: "relay",
-                    endpoint,
                     options: &publish_options,
                     handle: &session,
                     stop: &stop,
@@ -450,7 +453,6 @@ impl Relay {
                 conn: session_conn,
                 options: outbox.options().clone(),
                 mqtt,
-                endpoint: endpoint.clone(),
                 handle,
                 filter: filter.clone(),
                 arrivals: arrivals_tx,
@@ -471,7 +473,7 @@ impl Relay {
             relay.spawn_handler(outbox, handler, crossbeam_channel::never(), &stop_rx)?;
         }
         tracing::info!(
-            broker = %endpoint,
+            broker = %endpoints,
             protocol = %config.mqtt.version(),
             client_id = config.mqtt.id(),
             commands = ?config.commands,

@@ -306,6 +306,7 @@ impl Publisher {
             );
         }
         self.status.on_connected(g);
+        self.status.set_broker(&link.endpoint);
         if let Some(topic) = self.config.mqtt.status() {
             // QoS 0 reports packet id 0, which the tracker ignores: it is not a row.
             let _ = link

@@ -57,6 +57,10 @@ pub struct RelayArgs {
     /// MQTT client id of the publishing session: one per device.
     #[arg(long, value_name = "ID")]
     pub client_id: String,
+    /// The `src` of every envelope: the device's name as the cloud knows it [default: the
+    /// client id]. Keep it stable: the cloud counts each source's messages (docs/wire-format.md).
+    #[arg(long, value_name = "NAME")]
+    pub src: Option<String>,
     /// Receive commands on this topic filter into the inbox (a second, persistent session).
     #[arg(long, value_name = "FILTER")]
     pub commands: Option<String>,
@@ -159,6 +163,7 @@ fn config(args: &RelayArgs) -> Result<RelayConfig> {
         mqtt = mqtt.status_topic(topic);
     }
     let mut config = RelayConfig::new(mqtt)
+        .source(args.src.as_deref().unwrap_or(&args.client_id))
         .max_in_flight(args.max_in_flight.into())
         .shutdown_timeout(Duration::from_secs(args.shutdown_timeout))
         .ack_timeout(Duration::from_secs(args.ack_timeout))
@@ -176,7 +181,10 @@ fn config(args: &RelayArgs) -> Result<RelayConfig> {
 struct Report {
     pid: u32,
     started_at_ms: i64,
+    /// The first broker: the one shown until a connection names the current one.
     broker: String,
+    brokers: Vec<String>,
+    source: String,
     protocol: String,
     client_id: String,
     commands: Option<String>,
@@ -189,6 +197,8 @@ impl Report {
             pid: std::process::id(),
             started_at_ms: now_ms(),
             broker: format!("{}:{}", mqtt.host(), mqtt.port()),
+            brokers: mqtt.brokers().map(|(h, p)| format!("{h}:{p}")).collect(),
+            source: config.source_name().to_owned(),
             protocol: mqtt.version().as_str().to_owned(),
             client_id: mqtt.id().to_owned(),
             commands,
@@ -201,7 +211,10 @@ impl Report {
             pid: self.pid,
             written_at_ms: now_ms(),
             started_at_ms: self.started_at_ms,
-            broker: self.broker.clone(),
+            broker: s.broker.clone().unwrap_or_else(|| self.broker.clone()),
+            brokers: self.brokers.clone(),
+            source: self.source.clone(),
+            epoch: s.store.epoch,
             protocol: self.protocol.clone(),
             client_id: self.client_id.clone(),
             commands: self.commands.clone(),
@@ -213,6 +226,8 @@ impl Report {
             dead_lettered: s.dead_lettered,
             refused: s.refused,
             isolated: s.isolated,
+            expired: s.expired,
+            gaps_announced: s.gaps_announced,
             broker_max_packet_size: s.broker_max_packet_size,
             connections: s.connections,
             commands_received: s.commands_received,
@@ -293,10 +308,11 @@ impl Watch<'_> {
 }
 
 fn live_line(report: &Report, s: &Status) -> String {
+    let broker = s.broker.as_deref().unwrap_or(&report.broker);
     let link = if s.connected {
-        format!("connected to {}", report.broker)
+        format!("connected to {broker}")
     } else {
-        format!("connecting to {}", report.broker)
+        format!("connecting to {broker}")
     };
     let oldest = s
         .store

@@ -27,7 +27,17 @@ pub struct RelayReport {
     pub pid: u32,
     pub written_at_ms: i64,
     pub started_at_ms: i64,
+    /// The broker connected to (or last tried).
     pub broker: String,
+    /// The failover list, in the order tried. Added later in format 1: absent in older files.
+    #[serde(default)]
+    pub brokers: Vec<String>,
+    /// The envelopes' `src`.
+    #[serde(default)]
+    pub source: String,
+    /// The epoch the relay numbers messages in.
+    #[serde(default)]
+    pub epoch: u64,
     /// `5` or `3.1.1`.
     #[serde(default)]
     pub protocol: String,
@@ -45,6 +55,12 @@ pub struct RelayReport {
     /// Of those, set aside as poison.
     #[serde(default)]
     pub isolated: u64,
+    /// Messages removed unpublished because their expiry passed.
+    #[serde(default)]
+    pub expired: u64,
+    /// Messages covered by gap notices the broker acknowledged.
+    #[serde(default)]
+    pub gaps_announced: u64,
     /// The broker's maximum packet size from its CONNACK, if it sent one.
     #[serde(default)]
     pub broker_max_packet_size: Option<u32>,
