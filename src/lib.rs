@@ -122,7 +122,8 @@ pub use relay::{Relay, RelayConfig, Status};
 pub use signed::{CommandSigner, TrustedKeys};
 pub use store::{
     ApplyOutcome, Command, Committed, DeadLetter, Limits, Message, OnFull, Options, Origin, Outbox, Received,
-    SCHEMA_VERSION, Stats, Synchronous, Tx, default_path, enqueue, schema_version,
+    SCHEMA_VERSION, Salvaged, SalvagedTable, Stats, Synchronous, Tx, default_path, enqueue, integrity_check,
+    schema_version,
 };
 
 #[cfg(test)]

@@ -45,6 +45,9 @@ pub struct Status {
     /// The broker the publishing session is connected to, or last tried (`host:port`, from the
     /// failover list of [`MqttConfig`](crate::MqttConfig)).
     pub broker: Option<String>,
+    /// What the relay's periodic integrity check found wrong with the database file, if it
+    /// found damage: restart the application, whose next open salvages the file.
+    pub database_damaged: Option<String>,
     /// The broker's maximum packet size from its last CONNACK (MQTT 5), if it sent one. Messages
     /// needing a larger packet are dead-lettered; an application can size
     /// [`Limits::max_payload_bytes`](crate::Limits::max_payload_bytes) from it.
@@ -92,6 +95,7 @@ pub(crate) struct StatusCell {
     expired: AtomicU64,
     gaps_announced: AtomicU64,
     broker: Mutex<Option<String>>,
+    damaged: Mutex<Option<String>>,
     connections: AtomicU64,
     disconnects: AtomicU64,
     commands_received: AtomicU64,
@@ -177,6 +181,10 @@ impl StatusCell {
         *self.broker.lock().unwrap_or_else(PoisonError::into_inner) = Some(endpoint.to_owned());
     }
 
+    pub(crate) fn set_damaged(&self, why: String) {
+        *self.damaged.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
+    }
+
     pub(crate) fn on_isolated(&self) {
         self.isolated.fetch_add(1, Relaxed);
     }
@@ -251,6 +259,7 @@ impl StatusCell {
             expired: self.expired.load(Relaxed),
             gaps_announced: self.gaps_announced.load(Relaxed),
             broker: self.broker.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            database_damaged: self.damaged.lock().unwrap_or_else(PoisonError::into_inner).clone(),
             broker_max_packet_size: granted.max_packet_size,
             broker_receive_maximum: granted.receive_max,
             connections: self.connections.load(Relaxed),

@@ -45,6 +45,7 @@ pub(crate) struct GapRead {
 
 struct GapRow {
     seq: i64,
+    last: i64,
     topic: String,
     cause: String,
     why: Option<String>,
@@ -62,7 +63,7 @@ pub(crate) fn read_after(
     ranges: &mut HashMap<i64, (i64, i64)>,
 ) -> Result<GapRead> {
     let mut stmt = conn.prepare_cached(
-        "SELECT gap_id, seq, topic, cause, why, removed_at FROM outbox_gaps
+        "SELECT gap_id, seq, coalesce(last_seq, seq), topic, cause, why, removed_at FROM outbox_gaps
          WHERE gap_id > ?1 ORDER BY gap_id LIMIT ?2",
     )?;
     let mut read = GapRead {
@@ -74,12 +75,14 @@ pub(crate) fn read_after(
     while let Some(row) = rows.next()? {
         read.rows += 1;
         read.last_gap_id = Some(row.get(0)?);
+        let seq: i64 = row.get(1)?;
         found.push(GapRow {
-            seq: row.get(1)?,
-            topic: row.get(2)?,
-            cause: row.get(3)?,
-            why: row.get(4)?,
-            removed_at: row.get(5)?,
+            seq,
+            last: row.get::<_, i64>(2)?.max(seq),
+            topic: row.get(3)?,
+            cause: row.get(4)?,
+            why: row.get(5)?,
+            removed_at: row.get(6)?,
         });
     }
     found.sort_by_key(|g| g.seq);
@@ -89,17 +92,17 @@ pub(crate) fn read_after(
         let mut last = i;
         while let Some(next) = found.get(last + 1) {
             let prev = &found[last];
-            if next.seq != prev.seq + 1
+            if next.seq != prev.last + 1
                 || next.topic != first.topic
                 || next.cause != first.cause
                 || next.why != first.why
-                || cfg.epochs.locate(next.seq).0 != epoch
+                || cfg.epochs.locate(next.last).0 != epoch
             {
                 break;
             }
             last += 1;
         }
-        let (first_seq, last_seq) = (first.seq, found[last].seq);
+        let (first_seq, last_seq) = (first.seq, found[last].last);
         let token = TOKEN_BASE.saturating_add(first_seq);
         ready.push_back(encode(cfg, first, last_seq, token));
         ranges.insert(token, (first_seq, last_seq));

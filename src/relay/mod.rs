@@ -4,6 +4,13 @@
 mod durability;
 mod gaps;
 mod lock;
+
+pub(crate) use gaps::FALLBACK_TOPIC as GAP_FALLBACK_TOPIC;
+
+/// The relay lock of `db`, taken while a damaged file is salvaged: no relay may use it meanwhile.
+pub(crate) fn lock_for_salvage(db: &std::path::Path) -> Result<RelayLock> {
+    RelayLock::acquire(db)
+}
 mod marker;
 mod publisher;
 mod rows;
@@ -43,6 +50,7 @@ use crate::store::{Command, Outbox, Tx, connect};
 /// | [`max_command_bytes`](Self::max_command_bytes) | 64 KiB |
 /// | [`command_read_limit`](Self::command_read_limit) | 16 MiB |
 /// | [`retained_commands`](Self::retained_commands) | false: retained deliveries are ignored |
+/// | [`integrity_check_interval`](Self::integrity_check_interval) | 1 h |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayConfig {
     pub(crate) mqtt: MqttConfig,
@@ -60,6 +68,7 @@ pub struct RelayConfig {
     pub(crate) max_command_bytes: usize,
     pub(crate) command_read_limit: usize,
     pub(crate) retained_commands: bool,
+    pub(crate) integrity_interval: Duration,
 }
 
 impl RelayConfig {
@@ -81,6 +90,7 @@ impl RelayConfig {
             max_command_bytes: 64 * 1024,
             command_read_limit: 16 * 1024 * 1024,
             retained_commands: false,
+            integrity_interval: Duration::from_secs(3600),
         }
     }
 
@@ -192,6 +202,17 @@ impl RelayConfig {
     /// twice.
     pub fn retained_commands(mut self, store: bool) -> Self {
         self.retained_commands = store;
+        self
+    }
+
+    /// How often the relay checks the database file for damage while it runs (default 1 h),
+    /// within [`Options::integrity_check_budget`](crate::Options::integrity_check_budget). Damage
+    /// is logged at ERROR and reported in [`Status::database_damaged`]; the relay goes on with
+    /// what it can read, and the next [`Outbox::open`] salvages the file
+    /// ([`Options::salvage_on_corruption`](crate::Options::salvage_on_corruption)): restart the
+    /// application (`edge-outbox relay` exits with code 1 for its supervisor to restart it).
+    pub fn integrity_check_interval(mut self, interval: Duration) -> Self {
+        self.integrity_interval = interval;
         self
     }
 

@@ -121,6 +121,7 @@ struct State {
     stopping: Option<Instant>,
     next_tick: Instant,
     next_prune: Instant,
+    next_check: Instant,
 }
 
 /// A row that was the oldest unacknowledged one when connections died.
@@ -174,6 +175,7 @@ impl Publisher {
             stopping: None,
             next_tick: now + TICK,
             next_prune: now + self.config.prune_interval,
+            next_check: now + self.config.integrity_interval,
         };
         let mut stop = self.stop.clone();
         let mut burst = 0;
@@ -687,6 +689,18 @@ impl Publisher {
                 s,
                 Cause::new(CauseKind::Retry, format!("{why}; publishing it again")),
             );
+        }
+        if now >= s.next_check && s.stopping.is_none() {
+            s.next_check = now + self.config.integrity_interval;
+            match crate::store::quick_check(&self.conn, self.options.integrity_budget) {
+                Ok(None) => {}
+                Ok(Some(why)) => {
+                    tracing::error!(damage = %why, "the database file is damaged: restart the application to salvage it");
+                    self.status.set_error(format!("the database file is damaged: {why}"));
+                    self.status.set_damaged(why);
+                }
+                Err(e) => tracing::warn!(error = %e, "could not check the database file"),
+            }
         }
         if now >= s.next_prune && s.stopping.is_none() {
             let done = match crate::store::maintain_for(&self.conn, &self.options, PRUNE_SLICE) {

@@ -60,7 +60,7 @@ pub(crate) fn start(conn: &Connection, reason: &str) -> Result<u64> {
         "SELECT 1 + max(
              coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'outbox'), 0),
              coalesce((SELECT max(seq) FROM outbox), 0),
-             coalesce((SELECT max(seq) FROM outbox_gaps), 0))",
+             coalesce((SELECT max(coalesce(last_seq, seq)) FROM outbox_gaps), 0))",
         [],
         |r| r.get(0),
     )?;

@@ -5,11 +5,13 @@ mod dead_letters;
 pub(crate) mod epoch;
 pub(crate) mod gaps;
 pub(crate) mod gate;
+mod integrity;
 mod inbox;
 mod open;
 mod options;
 pub(crate) mod outbox;
 mod reentry;
+mod salvage;
 mod schema;
 mod stats;
 
@@ -28,6 +30,7 @@ pub(crate) use open::connect;
 pub use open::default_path;
 pub use options::{Limits, OnFull, Options, Synchronous};
 pub use outbox::{Committed, Message, Tx, enqueue};
+pub use salvage::{Salvaged, SalvagedTable};
 pub use schema::{SCHEMA_VERSION, schema_version};
 pub use stats::Stats;
 
@@ -76,7 +79,7 @@ impl Outbox {
     /// Opens the store at `path` with `options`.
     pub fn open_with(path: impl AsRef<Path>, options: Options) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let mut conn = open::connect(&path, &options)?;
+        let mut conn = open_checked(&path, &options)?;
         epoch::check_file(&mut conn, &path)?;
         let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
         Ok(Outbox {
@@ -92,6 +95,22 @@ impl Outbox {
                 wake_rx,
             }),
         })
+    }
+
+    /// Salvages the store at `path` by hand, damaged or not: moves the file (and its WAL) aside
+    /// as `<name>.corrupt-<unix ms>` and copies everything readable into a fresh file at `path`
+    /// (see [`Options::salvage_on_corruption`], which does this on open when the integrity check
+    /// fails). Pending messages keep their numbers; new ones are numbered in a new epoch; pending
+    /// messages that could not be read are announced to the cloud as an `unrecoverable` gap.
+    /// Fails with [`Error::RelayAlreadyRunning`] while a relay uses the file; other processes
+    /// must not have it open either.
+    pub fn salvage(path: impl AsRef<Path>, options: &Options) -> Result<Salvaged> {
+        options.validate()?;
+        let path = path.as_ref();
+        if !path.exists() {
+            return Err(Error::NotFound(format!("database {}", path.display())));
+        }
+        salvage::salvage(path, options, "salvage asked for")
     }
 
     /// Opens the store in the platform data directory for `app` (see [`default_path`]).
@@ -407,6 +426,56 @@ impl Outbox {
         // transaction back, so the connection is consistent and safe to keep using.
         self.shared.conn.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// A connection to the store at `path`, after the integrity check: a damaged file is salvaged
+/// (or refused, with [`Options::salvage_on_corruption`] off).
+fn open_checked(path: &Path, options: &Options) -> Result<Connection> {
+    salvage::finish_interrupted(path)?;
+    let damage = match open::connect(path, options) {
+        Ok(conn) => {
+            let budget = options.integrity_budget;
+            if budget.is_zero() {
+                return Ok(conn);
+            }
+            match integrity::check(&conn, Some(budget), false)? {
+                integrity::Health::Ok => return Ok(conn),
+                integrity::Health::Unfinished => {
+                    tracing::info!(path = %path.display(), ?budget, "the integrity check did not finish within its budget: not checked this time");
+                    return Ok(conn);
+                }
+                integrity::Health::Damaged(why) => why,
+            }
+        }
+        Err(e) if integrity::is_corruption(&e) => e.to_string(),
+        Err(e) => return Err(e),
+    };
+    if !options.salvage {
+        tracing::error!(path = %path.display(), damage, "the database file is damaged");
+        return Err(Error::Corrupt {
+            path: path.to_path_buf(),
+            detail: damage,
+        });
+    }
+    salvage::salvage(path, options, &damage)?;
+    open::connect(path, options)
+}
+
+/// Runs SQLite's full `integrity_check` on `conn` (no time limit): `None` when the file is
+/// sound, else what is wrong. Reads only: works on a read-only connection (`edge-outbox doctor`).
+pub fn integrity_check(conn: &Connection) -> Result<Option<String>> {
+    Ok(match integrity::check(conn, None, true)? {
+        integrity::Health::Damaged(why) => Some(why),
+        integrity::Health::Ok | integrity::Health::Unfinished => None,
+    })
+}
+
+/// A quick check of `conn` within `budget`, for the relay's periodic look: the damage, if any.
+pub(crate) fn quick_check(conn: &Connection, budget: Duration) -> Result<Option<String>> {
+    Ok(match integrity::check(conn, Some(budget), false)? {
+        integrity::Health::Damaged(why) => Some(why),
+        integrity::Health::Ok | integrity::Health::Unfinished => None,
+    })
 }
 
 /// What one slice of housekeeping did.

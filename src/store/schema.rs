@@ -168,6 +168,7 @@ VALUES (max(1, random() & 0x7FFFFFFFFFFFFFFF), 1,
 CREATE TABLE outbox_gaps (
     gap_id     INTEGER PRIMARY KEY AUTOINCREMENT,  -- recording order: the relay reads from a cursor
     seq        INTEGER NOT NULL UNIQUE,            -- the removed message's outbox seq
+    last_seq   INTEGER,                            -- a range seq..last_seq (a salvage); NULL: one
     topic      TEXT    NOT NULL,                   -- its topic: the notice is published there
     cause      TEXT    NOT NULL,                   -- evicted, expired, dead-lettered, purged, unrecoverable
     why        TEXT,

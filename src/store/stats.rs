@@ -35,6 +35,9 @@ pub struct Stats {
     /// Messages removed unpublished (evicted, expired, dead-lettered, purged) whose gap notice the
     /// relay has not yet had acknowledged.
     pub gaps_unannounced: u64,
+    /// How many times this device's store was found damaged and salvaged into a fresh file
+    /// (see [`Options::salvage_on_corruption`](crate::Options::salvage_on_corruption)).
+    pub salvaged: u64,
 }
 
 impl Stats {
@@ -76,5 +79,8 @@ fn read_now(conn: &Connection) -> Result<Stats> {
         // A file not yet migrated (read by the CLI, read-only) has neither.
         epoch: if v3 { super::epoch::current(conn)? } else { 0 },
         gaps_unannounced: if v3 { count("SELECT count(*) FROM outbox_gaps")? } else { 0 },
+        salvaged: count(
+            "SELECT coalesce((SELECT value FROM edge_outbox_meta WHERE name = 'corruptions_salvaged'), 0)",
+        )?,
     })
 }

@@ -90,6 +90,7 @@ impl From<edge_outbox::Error> for CliError {
             E::NotFound(_) => Code::NotFound,
             E::InvalidConfig(_) | E::InvalidTopic { .. } => Code::Usage,
             E::NotADatabase { .. }
+            | E::Corrupt { .. }
             | E::SchemaTooNew { .. }
             | E::Busy
             | E::ReadOnly { .. }

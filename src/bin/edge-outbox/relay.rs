@@ -135,6 +135,11 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
     status_file::remove(&path);
     logging::clear_line();
     let Some(signal) = signal else {
+        if let Some(why) = at_signal.as_ref().and_then(|s| s.database_damaged.clone()) {
+            return Err(CliError::runtime(format!(
+                "the database file is damaged ({why}): stopped so that the next start salvages it"
+            )));
+        }
         // A relay thread ended on its own: exit 1 so a supervisor restarts the relay, rather than
         // idle while nothing is published.
         let why = result
@@ -277,6 +282,10 @@ impl Watch<'_> {
                 break None;
             }
             if let Ok(s) = relay.status() {
+                if s.database_damaged.is_some() {
+                    // The next start salvages the file: exit for the supervisor to restart us.
+                    break None;
+                }
                 if last_file.is_none_or(|t| t.elapsed() >= status_file::INTERVAL) {
                     last_file = Some(Instant::now());
                     match status_file::write(self.path, &self.report.with(&s)) {
