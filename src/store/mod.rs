@@ -444,7 +444,12 @@ fn open_checked(path: &Path, options: &Options) -> Result<Connection> {
                     tracing::info!(path = %path.display(), ?budget, "the integrity check did not finish within its budget: not checked this time");
                     return Ok(conn);
                 }
-                integrity::Health::Damaged(why) => why,
+                integrity::Health::Damaged(why) => {
+                    // Leave the damaged file and its WAL as they are, for the salvage and for
+                    // whoever looks at the copy kept aside.
+                    let _ = conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true);
+                    why
+                }
             }
         }
         Err(e) if integrity::is_corruption(&e) => e.to_string(),

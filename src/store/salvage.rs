@@ -1,7 +1,8 @@
 //! A damaged file does not brick the device: what can still be read is copied into a fresh file.
 //!
-//! The fresh file is built beside the damaged one (`<name>.salvaging`), from the damaged one
-//! attached read-only in spirit (nothing is written to it): every table the application had, with
+//! The fresh file is built beside the damaged one (`<name>.salvaging`), from the damaged one read
+//! on a connection of its own (an error there never touches the fresh file's transaction; nothing
+//! is written to the damaged file): every table the application had, with
 //! every row SQLite can still read, and edge-outbox's own tables (pending messages, their gap
 //! rows, commands, dead letters). Pending messages keep their sequence numbers and epoch, so a
 //! message the cloud already has is recognised as such; the numbers between readable rows that a
@@ -153,12 +154,26 @@ fn copy_into(conn: &mut Connection, damaged: &Path) -> Result<Salvaged> {
         pending_messages: 0,
         unapplied_commands: 0,
     };
-    let attached = conn
-        .execute("ATTACH DATABASE ?1 AS old", [damaged.to_string_lossy()])
-        .and_then(|_| conn.query_row("SELECT count(*) FROM old.sqlite_schema", [], |r| r.get::<_, i64>(0)));
+    let src = Connection::open(damaged).and_then(|c| {
+        // Reading must not write: no checkpoint of the damaged file's WAL into it on close.
+        c.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)?;
+        c.query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get::<_, i64>(0))?;
+        Ok(c)
+    });
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let readable = match attached {
-        Ok(_) => true,
+    let salvaged_before: i64 = match &src {
+        Ok(src) => {
+            copy_all(src, &tx, &mut report)?;
+            src.query_row(
+                "SELECT value FROM edge_outbox_meta WHERE name = 'corruptions_salvaged'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()
+            .ok()
+            .flatten()
+            .unwrap_or(0)
+        }
         Err(e) => {
             tracing::error!(error = %e, "nothing of the damaged file is readable: starting empty");
             report.tables.push(SalvagedTable {
@@ -167,57 +182,38 @@ fn copy_into(conn: &mut Connection, damaged: &Path) -> Result<Salvaged> {
                 lost: vec![(1, i64::MAX)],
                 failed: Some(e.to_string()),
             });
-            false
+            epoch_after(&tx, 0, "salvaged")?;
+            0
         }
     };
-    if readable {
-        copy_all(&tx, &mut report)?;
-    } else {
-        epoch_after(&tx, 0, "salvaged")?;
-    }
     report.epoch = epoch::current(&tx)?;
-    let salvaged: i64 = if readable {
-        tx.query_row(
-            "SELECT value FROM old.edge_outbox_meta WHERE name = 'corruptions_salvaged'",
-            [],
-            |r| r.get(0),
-        )
-        .optional()
-        .ok()
-        .flatten()
-        .unwrap_or(0)
-    } else {
-        0
-    };
     tx.execute(
         "INSERT INTO edge_outbox_meta (name, value) VALUES ('corruptions_salvaged', ?1)
          ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-        [salvaged + 1],
+        [salvaged_before + 1],
     )?;
     tx.commit()?;
-    if readable {
-        conn.execute_batch("DETACH DATABASE old")?;
-    }
     Ok(report)
 }
 
-fn copy_all(tx: &Connection, report: &mut Salvaged) -> Result<()> {
+/// Copies from the damaged file `src` into the fresh one's open transaction `tx`.
+fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged) -> Result<()> {
     // The damaged file's schema: what it had, in creation order.
     let schema: Vec<(String, String, Option<String>)> = rows_or_empty(
-        tx,
-        "SELECT type, name, sql FROM old.sqlite_schema ORDER BY rowid",
+        src,
+        "SELECT type, name, sql FROM sqlite_schema ORDER BY rowid",
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     );
-    let old_epochs: Option<Vec<(i64, i64, String, i64)>> = tx
-        .prepare("SELECT epoch, first_seq, reason, started_at FROM old.edge_outbox_epochs ORDER BY first_seq")
+    let old_epochs: Option<Vec<(i64, i64, String, i64)>> = src
+        .prepare("SELECT epoch, first_seq, reason, started_at FROM edge_outbox_epochs ORDER BY first_seq")
         .and_then(|mut s| {
             s.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
                 .collect()
         })
         .ok()
         .filter(|e: &Vec<_>| !e.is_empty());
-    let old_high: Option<i64> = tx
-        .query_row("SELECT seq FROM old.sqlite_sequence WHERE name = 'outbox'", [], |r| r.get(0))
+    let old_high: Option<i64> = src
+        .query_row("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'", [], |r| r.get(0))
         .optional()
         .ok()
         .flatten();
@@ -226,7 +222,7 @@ fn copy_all(tx: &Connection, report: &mut Salvaged) -> Result<()> {
         if kind != "table" || name.starts_with("sqlite_") || NOT_COPIED.contains(&name.as_str()) {
             continue;
         }
-        if !exists(tx, "main", name)? {
+        if !exists(tx, name)? {
             let Some(sql) = sql else { continue };
             if let Err(e) = tx.execute_batch(sql) {
                 report.tables.push(SalvagedTable {
@@ -241,7 +237,7 @@ fn copy_all(tx: &Connection, report: &mut Salvaged) -> Result<()> {
         // Without the damaged file's epochs, its messages cannot keep their numbers: they are
         // numbered anew, in the new epoch (their ids are kept, so the cloud recognises them).
         let renumber = name == "outbox" && old_epochs.is_none();
-        let table = copy_table(tx, name, renumber);
+        let table = copy_table(src, tx, name, renumber);
         if name == "outbox" {
             report.pending_messages = table.rows;
         }
@@ -258,7 +254,7 @@ fn copy_all(tx: &Connection, report: &mut Salvaged) -> Result<()> {
     }
     for (kind, name, sql) in &schema {
         // The application's indexes, triggers and views, once its rows are in.
-        if kind == "table" || name.starts_with("sqlite_") || exists(tx, "main", name)? {
+        if kind == "table" || name.starts_with("sqlite_") || exists(tx, name)? {
             continue;
         }
         if let Some(sql) = sql
@@ -307,12 +303,14 @@ fn copy_all(tx: &Connection, report: &mut Salvaged) -> Result<()> {
     }
     epoch_after(tx, high, "salvaged")?;
     // The evictions counted so far, best effort.
-    let _ = tx.execute(
-        "UPDATE main.outbox_counters SET
-             evicted = (SELECT evicted FROM old.outbox_counters),
-             evicted_bytes = (SELECT evicted_bytes FROM old.outbox_counters)",
-        [],
-    );
+    if let Ok((evicted, bytes)) = src.query_row("SELECT evicted, evicted_bytes FROM outbox_counters", [], |r| {
+        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+    }) {
+        tx.execute(
+            "UPDATE main.outbox_counters SET evicted = ?1, evicted_bytes = ?2",
+            [evicted, bytes],
+        )?;
+    }
     Ok(())
 }
 
@@ -346,28 +344,28 @@ fn epoch_after(tx: &Connection, high: i64, reason: &str) -> Result<u64> {
     epoch::start(tx, reason)
 }
 
-fn exists(tx: &Connection, schema: &str, name: &str) -> Result<bool> {
+fn exists(tx: &Connection, name: &str) -> Result<bool> {
     Ok(tx.query_row(
-        &format!("SELECT EXISTS (SELECT 1 FROM {schema}.sqlite_schema WHERE name = ?1)"),
+        "SELECT EXISTS (SELECT 1 FROM main.sqlite_schema WHERE name = ?1)",
         [name],
         |r| r.get(0),
     )?)
 }
 
 fn rows_or_empty<T>(
-    tx: &Connection,
+    src: &Connection,
     sql: &str,
     f: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
 ) -> Vec<T> {
-    let result = tx.prepare(sql).and_then(|mut s| s.query_map([], f)?.collect());
+    let result = src.prepare(sql).and_then(|mut s| s.query_map([], f)?.collect());
     result.unwrap_or_else(|e| {
         tracing::warn!(error = %e, sql, "salvage: unreadable");
         Vec::new()
     })
 }
 
-fn columns(tx: &Connection, schema: &str, table: &str) -> rusqlite::Result<Vec<String>> {
-    let mut stmt = tx.prepare(&format!("PRAGMA {schema}.table_info(\"{}\")", table.replace('"', "\"\"")))?;
+fn columns(conn: &Connection, table: &str) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare(&format!("PRAGMA main.table_info({})", quote(table)))?;
     stmt.query_map([], |r| r.get::<_, String>(1))?.collect()
 }
 
@@ -375,16 +373,16 @@ fn quote(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// Copies the readable rows of `old.<table>` into `main.<table>` (the columns both have), around
+/// Copies the readable rows of `table` from `src` into `tx` (the columns both have), around
 /// unreadable pages.
-fn copy_table(tx: &Connection, table: &str, renumber: bool) -> SalvagedTable {
+fn copy_table(src: &Connection, tx: &Connection, table: &str, renumber: bool) -> SalvagedTable {
     let mut out = SalvagedTable {
         name: table.to_owned(),
         rows: 0,
         lost: Vec::new(),
         failed: None,
     };
-    let (old, new) = match (columns(tx, "old", table), columns(tx, "main", table)) {
+    let (old, new) = match (columns(src, table), columns(tx, table)) {
         (Ok(old), Ok(new)) => (old, new),
         (Err(e), _) | (_, Err(e)) => {
             out.failed = Some(format!("its columns are unreadable: {e}"));
@@ -401,15 +399,18 @@ fn copy_table(tx: &Connection, table: &str, renumber: bool) -> SalvagedTable {
     }
     let list = cols.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", ");
     let t = quote(table);
-    let select = format!("SELECT rowid, {list} FROM old.{t} WHERE rowid > ?1 ORDER BY rowid LIMIT {BATCH}");
+    // `>=`, not `>`: seeking past a row goes through the page that holds it, which may be the
+    // damaged one just skipped.
+    let select = format!("SELECT rowid, {list} FROM {t} WHERE rowid >= ?1 ORDER BY rowid LIMIT {BATCH}");
     let holes = vec!["?"; cols.len()].join(", ");
     let insert = format!("INSERT OR IGNORE INTO main.{t} ({list}) VALUES ({holes})");
-    let mut after = i64::MIN;
+    // The next rowid to read.
+    let mut from = i64::MIN;
     loop {
         let mut batch: Vec<(i64, Vec<Value>)> = Vec::new();
         let read = (|| -> rusqlite::Result<()> {
-            let mut stmt = tx.prepare_cached(&select)?;
-            let mut rows = stmt.query([after])?;
+            let mut stmt = src.prepare_cached(&select)?;
+            let mut rows = stmt.query([from])?;
             while let Some(row) = rows.next()? {
                 let values = (1..=cols.len()).map(|i| row.get::<_, Value>(i)).collect::<rusqlite::Result<_>>()?;
                 batch.push((row.get(0)?, values));
@@ -417,8 +418,9 @@ fn copy_table(tx: &Connection, table: &str, renumber: bool) -> SalvagedTable {
             Ok(())
         })();
         let got = batch.len();
+        let mut last = None;
         for (rowid, values) in batch {
-            after = rowid;
+            last = Some(rowid);
             match tx
                 .prepare_cached(&insert)
                 .and_then(|mut s| s.execute(rusqlite::params_from_iter(values)))
@@ -427,40 +429,46 @@ fn copy_table(tx: &Connection, table: &str, renumber: bool) -> SalvagedTable {
                 Ok(_) | Err(_) => out.lost.push((rowid, rowid)),
             }
         }
+        if let Some(last) = last {
+            match last.checked_add(1) {
+                Some(next) => from = next,
+                None => return out,
+            }
+        }
         match read {
             Ok(()) if got < BATCH as usize => return out,
             Ok(()) => {}
-            // Rows were read before the failure: carry on from the last of them.
+            // Rows were read before the failure: carry on after the last of them.
             Err(_) if got > 0 => {}
-            Err(_) => match seek(tx, &t, after.saturating_add(1)) {
+            Err(_) => match seek(src, &t, from) {
                 // The next row can be found but not read: skip it alone.
                 Ok(Some(next)) => {
                     out.lost.push((next, next));
-                    after = next;
+                    match next.checked_add(1) {
+                        Some(after) => from = after,
+                        None => return out,
+                    }
                 }
                 Ok(None) => return out,
-                Err(()) => match next_readable(tx, &t, after) {
+                Err(()) => match next_readable(src, &t, from) {
                     Some(next) => {
-                        out.lost.push((after.saturating_add(1), next - 1));
-                        after = next - 1;
+                        out.lost.push((from, next - 1));
+                        from = next;
                     }
                     None => {
-                        out.lost.push((after.saturating_add(1), i64::MAX));
+                        out.lost.push((from, i64::MAX));
                         return out;
                     }
                 },
             },
         }
-        if after == i64::MAX {
-            return out;
-        }
     }
 }
 
 /// The first rowid at or after `from`, if the b-tree can be searched there.
-fn seek(tx: &Connection, table: &str, from: i64) -> std::result::Result<Option<i64>, ()> {
-    tx.query_row(
-        &format!("SELECT rowid FROM old.{table} WHERE rowid >= ?1 ORDER BY rowid LIMIT 1"),
+fn seek(src: &Connection, table: &str, from: i64) -> std::result::Result<Option<i64>, ()> {
+    src.query_row(
+        &format!("SELECT rowid FROM {table} WHERE rowid >= ?1 ORDER BY rowid LIMIT 1"),
         [from],
         |r| r.get(0),
     )
@@ -468,15 +476,15 @@ fn seek(tx: &Connection, table: &str, from: i64) -> std::result::Result<Option<i
     .map_err(|_| ())
 }
 
-/// The first rowid after `after` that can be reached past a damaged stretch: seeks further and
-/// further until one works, then back to the nearest start that works. `None`: nothing readable
-/// follows.
-fn next_readable(tx: &Connection, table: &str, after: i64) -> Option<i64> {
-    let mut bad = after.saturating_add(1);
+/// The first rowid reachable past a damaged stretch that starts at `bad` (a seek there fails):
+/// seeks further and further until one works, then back to the nearest start that works.
+/// `None`: nothing readable follows.
+fn next_readable(src: &Connection, table: &str, mut bad: i64) -> Option<i64> {
+    let start = bad;
     let mut step: i64 = 1;
     let (mut good, mut found) = loop {
-        let probe = after.checked_add(step)?;
-        match seek(tx, table, probe) {
+        let probe = start.checked_add(step)?;
+        match seek(src, table, probe) {
             Ok(found) => break (probe, found),
             Err(()) => {
                 bad = probe;
@@ -486,7 +494,7 @@ fn next_readable(tx: &Connection, table: &str, after: i64) -> Option<i64> {
     };
     while good - bad > 1 {
         let mid = bad + (good - bad) / 2;
-        match seek(tx, table, mid) {
+        match seek(src, table, mid) {
             Ok(f) => {
                 good = mid;
                 found = f;
