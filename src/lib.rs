@@ -116,7 +116,7 @@ mod topic;
 pub use commands::send_command;
 pub use envelope::{Envelope, GapCause, GapNotice, MessageId, Published};
 pub use error::{Error, Result};
-pub use mqtt::{MqttConfig, Protocol, TlsConfig};
+pub use mqtt::{MqttConfig, Protocol, TlsConfig, subscribe};
 pub use relay::{Relay, RelayConfig, Status};
 #[cfg(feature = "signed-commands")]
 pub use signed::{CommandSigner, TrustedKeys};

@@ -22,8 +22,18 @@ pub(crate) enum Role {
     Publisher { max_in_flight: u16 },
     /// The command session: persistent, manual acks, incoming packets up to `read_limit` (the
     /// inbox dead-letters what is above its own, smaller, limit, so an oversized command never
-    /// wedges the session).
-    Commands { read_limit: usize },
+    /// wedges the session). [`subscribe`](super::subscribe) uses it too, `persistent` or not.
+    Commands { read_limit: usize, persistent: bool },
+}
+
+impl Role {
+    /// Whether the session starts clean (the broker keeps nothing for it between connections).
+    fn clean(self) -> bool {
+        match self {
+            Role::Publisher { .. } => true,
+            Role::Commands { persistent, .. } => !persistent,
+        }
+    }
 }
 
 /// Validated rumqttc options for one session, cloned into a new client for each connection.
@@ -74,7 +84,7 @@ impl SessionOptions {
                 Protocol::V311 => {
                     let mut o = rumqttc::MqttOptions::new(client_id, host, port);
                     o.set_keep_alive(keep_alive)
-                        .set_clean_session(matches!(role, Role::Publisher { .. }));
+                        .set_clean_session(role.clean());
                     if let Some((user, password)) = config.credentials_value() {
                         o.set_credentials(user, password);
                     }
@@ -89,7 +99,7 @@ impl SessionOptions {
                                 o.set_last_will(rumqttc::LastWill::new(topic, "offline", QoS::AtLeastOnce, true));
                             }
                         }
-                        Role::Commands { read_limit } => {
+                        Role::Commands { read_limit, .. } => {
                             o.set_max_packet_size(read_limit, config.packet_limit())
                                 .set_manual_acks(true);
                         }
@@ -112,7 +122,7 @@ impl SessionOptions {
                         );
                     }
                     o.set_keep_alive(keep_alive.max(V5_MIN_KEEP_ALIVE))
-                        .set_clean_start(matches!(role, Role::Publisher { .. }))
+                        .set_clean_start(role.clean())
                         .set_connection_timeout(connect_secs);
                     if let Some((user, password)) = config.credentials_value() {
                         o.set_credentials(user, password);
@@ -136,11 +146,11 @@ impl SessionOptions {
                                 ));
                             }
                         }
-                        Role::Commands { read_limit } => {
+                        Role::Commands { read_limit, persistent } => {
                             // A persistent session under MQTT 5 needs an expiry: without one it ends
                             // with the connection and the broker keeps nothing while we are offline.
                             // u32::MAX: never expires, as a 3.1.1 persistent session.
-                            o.set_session_expiry_interval(Some(u32::MAX))
+                            o.set_session_expiry_interval(persistent.then_some(u32::MAX))
                                 .set_max_packet_size(Some(packet_u32(read_limit)))
                                 .set_manual_acks(true);
                             let mut net = o.network_options();

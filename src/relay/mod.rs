@@ -389,6 +389,7 @@ impl Relay {
                 &config.commands_client(),
                 Role::Commands {
                     read_limit: config.command_read_limit,
+                    persistent: true,
                 },
             )?),
             None => None,

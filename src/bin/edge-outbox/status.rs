@@ -101,6 +101,7 @@ fn to_json(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
         "evicted": { "messages": c.stats.evicted, "bytes": c.stats.evicted_bytes },
         "epoch": c.stats.epoch,
         "gaps_unannounced": c.stats.gaps_unannounced,
+        "salvaged": c.stats.salvaged,
         "dead_letters": c.stats.dead_letters,
         "inbox": { "unapplied": c.stats.inbox_unapplied, "applied": c.stats.inbox_applied },
         "relay": {
@@ -136,9 +137,14 @@ fn to_text(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
             bytes(c.stats.evicted_bytes)
         ),
         format!(
-            "epoch         {} ({} removed unpublished, not yet announced to the cloud)",
+            "epoch         {} ({} removed unpublished, not yet announced to the cloud{})",
             c.stats.epoch,
-            count(c.stats.gaps_unannounced, "message")
+            count(c.stats.gaps_unannounced, "message"),
+            if c.stats.salvaged > 0 {
+                format!("; salvaged after damage {}", count(c.stats.salvaged, "time"))
+            } else {
+                String::new()
+            }
         ),
         format!("dead letters  {}", c.stats.dead_letters),
         format!(
