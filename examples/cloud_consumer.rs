@@ -74,7 +74,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     let report = consumer.report_after(Duration::from_secs(30));
                     print!("{report}");
                     if report.totals.unexplained > 0 {
-                        println!("messages were lost after the devices handed them over: check the broker (docs/reliability.md)");
+                        println!(
+                            "messages were lost after the devices handed them over: check the broker (docs/reliability.md)"
+                        );
                     }
                 }
             }

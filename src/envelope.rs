@@ -386,7 +386,9 @@ pub fn decode_key_comparisons(bytes: &[u8]) -> u64 {
 }
 
 /// The envelope keys this version knows, in the order an encoder writes them.
-const KNOWN_KEYS: [&str; 11] = ["v", "id", "src", "ep", "seq", "key", "ts", "type", "hdr", "gap", "p"];
+const KNOWN_KEYS: [&str; 11] = [
+    "v", "id", "src", "ep", "seq", "key", "ts", "type", "hdr", "gap", "p",
+];
 
 /// A key in the duplicate check; equality counts into `comparisons`.
 struct SeenKey<'a, 'c> {
@@ -479,9 +481,7 @@ fn decode_counting(bytes: &[u8], comparisons: &Cell<u64>) -> Result<Published> {
         Some(ENVELOPE_VERSION_NO_EPOCH) => {}
         Some(ENVELOPE_VERSION) => {
             if epoch.is_none() {
-                return Err(Error::Decode(
-                    "envelope version 2 has no epoch (\"ep\")".into(),
-                ));
+                return Err(Error::Decode("envelope version 2 has no epoch (\"ep\")".into()));
             }
         }
         Some(v) => {
@@ -861,7 +861,10 @@ mod tests {
         notice.why = Some("the broker refused it".into());
         notice.created_ms = 1_700_000_000_000;
         let bytes = notice.encode();
-        assert_eq!(Published::decode(&bytes).expect("decode"), Published::Gap(notice.clone()));
+        assert_eq!(
+            Published::decode(&bytes).expect("decode"),
+            Published::Gap(notice.clone())
+        );
         let err = Envelope::decode(&bytes).expect_err("a gap notice is no message");
         assert!(err.to_string().contains("gap notice"), "{err}");
         assert_eq!(notice.len(), 3);

@@ -84,6 +84,15 @@
 //! [`send_command`] (or `edge-outbox send-command`); `docs/wire-format.md` ("Sending a command")
 //! describes the format for other languages.
 //!
+//! # The cloud side: loss you can see
+//!
+//! Every message carries its source, an epoch and a number that counts 1, 2, 3, ... per
+//! (source, epoch); every message the device removes before publishing it (evicted, expired,
+//! dead-lettered, purged) is announced in the stream with a [`GapNotice`]. A cloud service feeds
+//! what it receives, from any MQTT client, to a [`consumer::Consumer`], which recognises
+//! duplicates and reports the announced gaps and the unexplained ones: messages lost after the
+//! device handed them to the broker.
+//!
 //! # Features
 //!
 //! - `cli`: the `edge-outbox` command-line tool.

@@ -770,20 +770,29 @@ fn relay_takes_a_failover_list_and_a_source_and_status_fields_are_documented() -
         "--src",
         "pump-17",
     ]);
-    cmd.arg("--db").arg(&db).stdout(Stdio::null()).stderr(File::create(&stderr)?);
+    cmd.arg("--db")
+        .arg(&db)
+        .stdout(Stdio::null())
+        .stderr(File::create(&stderr)?);
     let mut relay = RelayProcess {
         child: ChildGuard::new(cmd.spawn()?),
         stderr,
     };
     assert!(sub.wait_for(1, WAIT), "relay log: {}", relay.log());
     let env = Envelope::decode(&sub.payloads()[0])?;
-    assert_eq!((env.source.as_ref(), env.epoch, env.seq), ("pump-17", outbox.epoch()?, 1));
+    assert_eq!(
+        (env.source.as_ref(), env.epoch, env.seq),
+        ("pump-17", outbox.epoch()?, 1)
+    );
     let status = wait_status(&db, &relay, |s| s["relay"]["status"]["acknowledged"] == 1);
     let relay_status = &status["relay"]["status"];
     assert_eq!(relay_status["broker"], format!("127.0.0.1:{}", broker.port()));
     assert_eq!(
         relay_status["brokers"],
-        serde_json::json!([format!("127.0.0.1:{dead}"), format!("127.0.0.1:{}", broker.port())])
+        serde_json::json!([
+            format!("127.0.0.1:{dead}"),
+            format!("127.0.0.1:{}", broker.port())
+        ])
     );
     assert_eq!(relay_status["source"], "pump-17");
     assert_eq!(relay_status["epoch"], outbox.epoch()?);
@@ -805,14 +814,25 @@ fn relay_takes_a_failover_list_and_a_source_and_status_fields_are_documented() -
         .iter()
         .filter(|f| !table.contains(&format!("`{f}`")))
         .collect();
-    assert!(undocumented.is_empty(), "status --json fields missing from docs/operations.md: {undocumented:?}");
+    assert!(
+        undocumented.is_empty(),
+        "status --json fields missing from docs/operations.md: {undocumented:?}"
+    );
 
     relay.signal("TERM")?;
     assert_eq!(relay.wait(WAIT)?, Some(0), "relay log: {}", relay.log());
     // A failover list shares one scheme.
     on(
         &db,
-        &["relay", "--broker", "mqtt://a", "--broker", "mqtts://b", "--client-id", "x"],
+        &[
+            "relay",
+            "--broker",
+            "mqtt://a",
+            "--broker",
+            "mqtts://b",
+            "--client-id",
+            "x",
+        ],
     )
     .fails_with(2, "same scheme");
     Ok(())
@@ -826,7 +846,11 @@ fn consume_reports_announced_and_unexplained_gaps() -> TestResult {
     let dir = tempfile::tempdir()?;
     let db = dir.path().join("device.db");
     let outbox = Outbox::open(&db)?;
-    for (topic, n) in [("cli-consume/a", 5), ("cli-consume/debug", 2), ("cli-consume/a", 1)] {
+    for (topic, n) in [
+        ("cli-consume/a", 5),
+        ("cli-consume/debug", 2),
+        ("cli-consume/a", 1),
+    ] {
         for i in 0..n {
             outbox.transaction(|tx| tx.publish(topic, "k", &i))?;
         }
@@ -835,7 +859,10 @@ fn consume_reports_announced_and_unexplained_gaps() -> TestResult {
     outbox.with_connection(|c| c.execute("DELETE FROM outbox WHERE seq = 3", []))?;
     let purged = on(&db, &["purge", "--topic", "cli-consume/debug"]);
     assert_eq!(purged.code, Some(0), "{purged:#?}");
-    assert!(purged.stdout.contains("2 pending messages removed unpublished"), "{purged:#?}");
+    assert!(
+        purged.stdout.contains("2 pending messages removed unpublished"),
+        "{purged:#?}"
+    );
     let neither = on(&db, &["purge"]);
     assert_eq!(neither.code, Some(2), "{neither:#?}");
     assert!(neither.stderr.contains("--topic"), "{neither:#?}");
@@ -847,7 +874,10 @@ fn consume_reports_announced_and_unexplained_gaps() -> TestResult {
         .filter("cli-consume/#")
         .start()?
         .stop();
-    let relay = edge_outbox::Relay::start(&outbox, support::device::relay_config(broker.addr(), "cli-consume-device"))?;
+    let relay = edge_outbox::Relay::start(
+        &outbox,
+        support::device::relay_config(broker.addr(), "cli-consume-device"),
+    )?;
     assert!(support::wait_until(|| outbox
         .stats()
         .is_ok_and(|s| s.pending_messages == 0 && s.gaps_unannounced == 0)));
@@ -875,7 +905,10 @@ fn consume_reports_announced_and_unexplained_gaps() -> TestResult {
         "--json",
     ]);
     assert_eq!(run.code, Some(6), "{run:#?}");
-    assert!(run.stderr.contains("1 messages missing without a gap notice"), "{run:#?}");
+    assert!(
+        run.stderr.contains("1 messages missing without a gap notice"),
+        "{run:#?}"
+    );
     let report = run.json()?;
     assert_eq!(report["totals"]["delivered"], 5, "{report}");
     assert_eq!(report["totals"]["announced"], 2, "{report}");

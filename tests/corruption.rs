@@ -69,10 +69,15 @@ fn a_damaged_file_is_moved_aside_and_everything_readable_comes_back() -> TestRes
     let page_size;
     {
         let outbox = Outbox::open(&original)?;
-        outbox.with_connection(|c| c.execute_batch("CREATE TABLE readings (n INTEGER PRIMARY KEY, celsius REAL)"))?;
+        outbox.with_connection(|c| {
+            c.execute_batch("CREATE TABLE readings (n INTEGER PRIMARY KEY, celsius REAL)")
+        })?;
         outbox.transaction(|tx| {
             for n in 1..=500 {
-                tx.execute("INSERT INTO readings VALUES (?1, ?2)", (n, 20.0 + n as f64 / 100.0))?;
+                tx.execute(
+                    "INSERT INTO readings VALUES (?1, ?2)",
+                    (n, 20.0 + n as f64 / 100.0),
+                )?;
             }
             for n in 1..=3000 {
                 tx.publish("salvage/orders", "k", &payload(n))?;
@@ -100,14 +105,23 @@ fn a_damaged_file_is_moved_aside_and_everything_readable_comes_back() -> TestRes
         page_size = query_i64(&outbox, "PRAGMA page_size")? as usize;
         // The power cut: the files as they are while the store is open.
         std::fs::copy(&original, &db)?;
-        std::fs::copy(dir.path().join("device.db-wal"), dir.path().join("damaged.db-wal"))?;
+        std::fs::copy(
+            dir.path().join("device.db-wal"),
+            dir.path().join("damaged.db-wal"),
+        )?;
     }
     let mut damaged = damage_page_of(&db, page_size, 1000)?;
     damaged.extend(damage_page_of(&db, page_size, 2000)?);
-    assert!(damaged.len() >= 10, "each page held a few dozen rows: {damaged:?}");
+    assert!(
+        damaged.len() >= 10,
+        "each page held a few dozen rows: {damaged:?}"
+    );
     let wal = dir.path().join("damaged.db-wal");
     let wal_len = std::fs::metadata(&wal)?.len();
-    std::fs::OpenOptions::new().write(true).open(&wal)?.set_len(wal_len * 6 / 10)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&wal)?
+        .set_len(wal_len * 6 / 10)?;
 
     // Opening salvages.
     let _ = tracing_subscriber::fmt().with_test_writer().try_init();
@@ -116,7 +130,11 @@ fn a_damaged_file_is_moved_aside_and_everything_readable_comes_back() -> TestRes
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.starts_with("damaged.db.corrupt-"))
         .collect();
-    assert_eq!(aside.len(), 2, "the damaged file and its WAL are kept aside: {aside:?}");
+    assert_eq!(
+        aside.len(),
+        2,
+        "the damaged file and its WAL are kept aside: {aside:?}"
+    );
     let stats = outbox.stats()?;
     assert_eq!(stats.salvaged, 1);
     assert_ne!(stats.epoch, old_epoch, "new messages are numbered in a new epoch");
@@ -128,16 +146,37 @@ fn a_damaged_file_is_moved_aside_and_everything_readable_comes_back() -> TestRes
             .collect::<rusqlite::Result<_>>()
     })?;
     let readable: BTreeSet<i64> = (1..=3000).filter(|n| !damaged.contains(n)).collect();
-    assert!(pending.is_superset(&readable), "lost readable rows: {:?}", readable.difference(&pending).take(5).collect::<Vec<_>>());
+    assert!(
+        pending.is_superset(&readable),
+        "lost readable rows: {:?}",
+        readable.difference(&pending).take(5).collect::<Vec<_>>()
+    );
     assert!(pending.is_disjoint(&damaged));
     let from_wal: Vec<i64> = pending.iter().copied().filter(|&n| n > 3000).collect();
-    assert!(!from_wal.is_empty() && from_wal.len() < 200, "the WAL was cut: {} of its rows", from_wal.len());
-    assert_eq!(from_wal, (3001..3001 + from_wal.len() as i64).collect::<Vec<_>>(), "a prefix of the WAL");
-    let sample: String = outbox.with_connection(|c| {
-        c.query_row("SELECT CAST(payload AS BLOB) FROM outbox WHERE seq = 3", [], |r| r.get::<_, Vec<u8>>(0))
-    })
-    .map(|b| edge_outbox::envelope::from_cbor::<String>(&b))??;
-    assert_eq!(sample, payload(3), "a salvaged row keeps its payload under its number");
+    assert!(
+        !from_wal.is_empty() && from_wal.len() < 200,
+        "the WAL was cut: {} of its rows",
+        from_wal.len()
+    );
+    assert_eq!(
+        from_wal,
+        (3001..3001 + from_wal.len() as i64).collect::<Vec<_>>(),
+        "a prefix of the WAL"
+    );
+    let sample: String = outbox
+        .with_connection(|c| {
+            c.query_row(
+                "SELECT CAST(payload AS BLOB) FROM outbox WHERE seq = 3",
+                [],
+                |r| r.get::<_, Vec<u8>>(0),
+            )
+        })
+        .map(|b| edge_outbox::envelope::from_cbor::<String>(&b))??;
+    assert_eq!(
+        sample,
+        payload(3),
+        "a salvaged row keeps its payload under its number"
+    );
 
     // The unreadable rows are recorded as an unrecoverable gap, nothing else is.
     let gaps: Vec<(i64, i64, String)> = outbox.with_connection(|c| {
@@ -164,7 +203,9 @@ fn a_damaged_file_is_moved_aside_and_everything_readable_comes_back() -> TestRes
     let sub = Subscriber::start(broker.addr(), "#")?;
     let relay = Relay::start(&outbox, relay_config(broker.addr(), "salvaged-device"))?;
     assert!(
-        wait_until(|| outbox.stats().is_ok_and(|s| s.pending_messages == 0 && s.gaps_unannounced == 0)),
+        wait_until(|| outbox
+            .stats()
+            .is_ok_and(|s| s.pending_messages == 0 && s.gaps_unannounced == 0)),
         "the salvaged store did not drain: {:?}",
         outbox.stats()?
     );
@@ -187,9 +228,21 @@ fn a_damaged_file_is_moved_aside_and_everything_readable_comes_back() -> TestRes
     }
     let report = consumer.report();
     assert_eq!(report.totals.unexplained, 0, "{report}");
-    let old = report.streams.iter().find(|s| s.epoch == old_epoch).ok_or("no old epoch")?;
-    assert_eq!(old.announced_by_cause.get("unrecoverable"), Some(&(damaged.len() as u64)), "{report}");
-    let new = report.streams.iter().find(|s| s.epoch == stats.epoch).ok_or("no new epoch")?;
+    let old = report
+        .streams
+        .iter()
+        .find(|s| s.epoch == old_epoch)
+        .ok_or("no old epoch")?;
+    assert_eq!(
+        old.announced_by_cause.get("unrecoverable"),
+        Some(&(damaged.len() as u64)),
+        "{report}"
+    );
+    let new = report
+        .streams
+        .iter()
+        .find(|s| s.epoch == stats.epoch)
+        .ok_or("no new epoch")?;
     assert_eq!((new.first, new.last, new.delivered), (1, 1, 1), "{report}");
     Ok(())
 }

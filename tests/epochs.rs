@@ -46,15 +46,23 @@ fn a_backup_restored_over_the_database_starts_a_new_epoch_counted_from_one() -> 
     std::fs::copy(&backup, &db)?;
     let outbox = Outbox::open(&db)?;
     let second_epoch = outbox.epoch()?;
-    assert_ne!(second_epoch, first_epoch, "a restored file must not keep its epoch");
+    assert_ne!(
+        second_epoch, first_epoch,
+        "a restored file must not keep its epoch"
+    );
     assert_eq!(
-        query_i64(&outbox, "SELECT first_seq FROM edge_outbox_epochs WHERE reason = 'copied'")?,
+        query_i64(
+            &outbox,
+            "SELECT first_seq FROM edge_outbox_epochs WHERE reason = 'copied'"
+        )?,
         4,
         "the new epoch starts after the rows the copy holds"
     );
     publish(&outbox, 2)?;
     let relay = Relay::start(&outbox, relay_config(broker.addr(), "restore-device"))?;
-    assert!(wait_until(|| outbox.stats().is_ok_and(|s| s.pending_messages == 0)));
+    assert!(wait_until(|| outbox
+        .stats()
+        .is_ok_and(|s| s.pending_messages == 0)));
     // The copy's three pending rows go out again under the old epoch (duplicates of what the
     // cloud has), the two new ones as numbers 1 and 2 of the new one.
     assert!(sub.wait_for(10, WAIT), "got {}", sub.len());

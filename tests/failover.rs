@@ -10,8 +10,8 @@
 mod common;
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::{TestResult, temp_db};
@@ -36,7 +36,8 @@ fn killing_the_current_broker_moves_the_relay_to_the_next_and_loses_nothing() ->
         .client_id("failover-device")
         .keep_alive(Duration::from_secs(5))
         .connect_timeout(Duration::from_secs(2));
-    let config = RelayConfig::new(mqtt).reconnect_backoff(Duration::from_millis(20), Duration::from_millis(250));
+    let config =
+        RelayConfig::new(mqtt).reconnect_backoff(Duration::from_millis(20), Duration::from_millis(250));
     let relay = Relay::start(&outbox, config)?;
 
     // The device commits all along, in one thread, while the test kills the broker.
@@ -46,7 +47,9 @@ fn killing_the_current_broker_moves_the_relay_to_the_next_and_loses_nothing() ->
         std::thread::spawn(move || -> edge_outbox::Result<u64> {
             let mut n = 0u64;
             while writing.load(Ordering::SeqCst) || n < 400 {
-                outbox.transaction(|tx| tx.publish(&format!("failover/{}", n % 4), &format!("k{}", n % 4), &n))?;
+                outbox.transaction(|tx| {
+                    tx.publish(&format!("failover/{}", n % 4), &format!("k{}", n % 4), &n)
+                })?;
                 n += 1;
                 if n % 50 == 0 {
                     std::thread::sleep(Duration::from_millis(5));
@@ -55,16 +58,24 @@ fn killing_the_current_broker_moves_the_relay_to_the_next_and_loses_nothing() ->
             Ok(n)
         })
     };
-    assert!(on_first.wait_for(100, WAIT), "nothing arrived on the first broker");
+    assert!(
+        on_first.wait_for(100, WAIT),
+        "nothing arrived on the first broker"
+    );
     assert_eq!(relay.status()?.broker.as_deref(), Some(endpoint(&first).as_str()));
 
     first.kill()?;
     assert!(
-        wait_until(|| relay.status().is_ok_and(|s| s.connected && s.broker.as_deref() == Some(endpoint(&second).as_str()))),
+        wait_until(|| relay
+            .status()
+            .is_ok_and(|s| s.connected && s.broker.as_deref() == Some(endpoint(&second).as_str()))),
         "the relay did not move to the second broker: {:?}",
         relay.status()?
     );
-    assert!(on_second.wait_for(100, WAIT), "nothing arrived on the second broker");
+    assert!(
+        on_second.wait_for(100, WAIT),
+        "nothing arrived on the second broker"
+    );
     writing.store(false, Ordering::SeqCst);
     let committed = writer.join().map_err(|_| "writer panicked")??;
     assert!(

@@ -161,14 +161,23 @@ fn removed_messages_are_announced_and_nothing_else_is_missing() -> TestResult {
     // Started again, and killed once more while it drains.
     let mut relay = start_relay(&db, &broker)?;
     let before = sub.len();
-    assert!(sub.wait_messages(WAIT, |m| m.len() > before), "the second relay published nothing");
+    assert!(
+        sub.wait_messages(WAIT, |m| m.len() > before),
+        "the second relay published nothing"
+    );
     relay.kill();
     let _relay = start_relay(&db, &broker)?;
-    assert!(wait_settled(&outbox), "the device never settled: {:?}", outbox.stats()?);
+    assert!(
+        wait_settled(&outbox),
+        "the device never settled: {:?}",
+        outbox.stats()?
+    );
     commit(&outbox, 3, kept("gaps/orders"))?;
     assert!(wait_settled(&outbox), "the last messages were not published");
     let total: u64 = outbox.with_connection(|c| {
-        c.query_row("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'", [], |r| r.get(0))
+        c.query_row("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'", [], |r| {
+            r.get(0)
+        })
     })?;
 
     // The consumer must account for every number: delivered or announced, nothing unexplained.
@@ -193,7 +202,10 @@ fn removed_messages_are_announced_and_nothing_else_is_missing() -> TestResult {
     for cause in ["expired", "dead-lettered", "purged"] {
         assert_eq!(announced.get(cause), removed.get(cause), "{cause}: {report}");
     }
-    assert!(announced["evicted"] >= 38 && announced["evicted"] <= removed["evicted"], "{report}");
+    assert!(
+        announced["evicted"] >= 38 && announced["evicted"] <= removed["evicted"],
+        "{report}"
+    );
     assert_eq!(
         report.totals.delivered + report.totals.announced,
         total,

@@ -89,7 +89,10 @@ fn reopening_is_idempotent_and_keeps_data() -> TestResult {
         assert_eq!(schema_version(&again)?, SCHEMA_VERSION);
         assert_eq!(schema_sql(&again)?, schema, "reopening changed the schema");
         assert_eq!(
-            query_i64(&again, "SELECT count(*) FROM edge_outbox_meta WHERE name = 'schema_version'")?,
+            query_i64(
+                &again,
+                "SELECT count(*) FROM edge_outbox_meta WHERE name = 'schema_version'"
+            )?,
             1
         );
         assert_eq!(
@@ -325,7 +328,9 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
 
 /// Undoes migration 3 on `conn`'s file: what a version 2 build left.
 fn back_to_version_2(conn: &rusqlite::Connection) -> TestResult {
-    let sql: String = conn.query_row("SELECT sql FROM sqlite_schema WHERE name = 'outbox'", [], |r| r.get(0))?;
+    let sql: String = conn.query_row("SELECT sql FROM sqlite_schema WHERE name = 'outbox'", [], |r| {
+        r.get(0)
+    })?;
     let start = sql.find("DEFAULT (CAST(").ok_or("no UUIDv4 default")?;
     let end = start + sql[start..].find("AS BLOB))").ok_or("no end of the default")? + "AS BLOB))".len();
     let v2 = format!("{}DEFAULT (randomblob(16)){}", &sql[..start], &sql[end..]);
@@ -364,22 +369,39 @@ fn a_version_2_outbox_is_migrated_to_version_3_and_its_numbering_carries_on() ->
         // Three were published and deleted; two are pending.
         conn.execute("DELETE FROM outbox WHERE seq <= 3", [])?;
         back_to_version_2(&conn)?;
-        let sql: String = conn.query_row("SELECT sql FROM sqlite_schema WHERE name = 'outbox'", [], |r| r.get(0))?;
+        let sql: String = conn.query_row("SELECT sql FROM sqlite_schema WHERE name = 'outbox'", [], |r| {
+            r.get(0)
+        })?;
         assert!(sql.contains("DEFAULT (randomblob(16))"), "{sql}");
-        assert_eq!(conn.query_row("PRAGMA integrity_check", [], |r| r.get::<_, String>(0))?, "ok");
+        assert_eq!(
+            conn.query_row("PRAGMA integrity_check", [], |r| r.get::<_, String>(0))?,
+            "ok"
+        );
     }
     let outbox = Outbox::open(&path)?;
     assert_eq!(schema_version(&outbox)?, SCHEMA_VERSION);
     let ok: String = outbox.with_connection(|c| c.query_row("PRAGMA integrity_check", [], |r| r.get(0)))?;
     assert_eq!(ok, "ok");
     assert_eq!(
-        query_i64(&outbox, "SELECT first_seq FROM edge_outbox_epochs WHERE reason = 'migrated'")?,
+        query_i64(
+            &outbox,
+            "SELECT first_seq FROM edge_outbox_epochs WHERE reason = 'migrated'"
+        )?,
         1
     );
-    assert_eq!(outbox.stats()?.pending_messages, 2, "the counting triggers survive");
+    assert_eq!(
+        outbox.stats()?.pending_messages,
+        2,
+        "the counting triggers survive"
+    );
     outbox.with_connection(|c| c.execute("INSERT INTO outbox (topic, payload) VALUES ('t', x'01')", []))?;
-    assert_eq!(query_i64(&outbox, "SELECT max(seq) FROM outbox")?, 6, "no number is reused");
-    let hex: String = outbox.with_connection(|c| c.query_row("SELECT hex(id) FROM outbox WHERE seq = 6", [], |r| r.get(0)))?;
+    assert_eq!(
+        query_i64(&outbox, "SELECT max(seq) FROM outbox")?,
+        6,
+        "no number is reused"
+    );
+    let hex: String = outbox
+        .with_connection(|c| c.query_row("SELECT hex(id) FROM outbox WHERE seq = 6", [], |r| r.get(0)))?;
     assert_eq!(&hex[12..13], "4", "version nibble of {hex}");
     assert!(["8", "9", "A", "B"].contains(&&hex[16..17]), "variant of {hex}");
     assert_eq!(outbox.stats()?.pending_messages, 3);

@@ -77,14 +77,18 @@ fn returning_gives_the_writer_its_rows_number_id_and_wire_number() -> TestResult
     let got = statement(&db, "returning", &[])?;
     let seq: i64 = value(&got, "seq")?.parse()?;
     assert_eq!(seq, 2);
-    let stored: Vec<u8> = outbox.with_connection(|c| {
-        c.query_row("SELECT id FROM outbox WHERE seq = ?1", [seq], |r| r.get(0))
-    })?;
+    let stored: Vec<u8> = outbox
+        .with_connection(|c| c.query_row("SELECT id FROM outbox WHERE seq = ?1", [seq], |r| r.get(0)))?;
     assert_eq!(value(&got, "id")?, common::to_hex(&stored));
     assert_eq!(value(&got, "epoch")?, outbox.epoch()?.to_string());
-    assert_eq!(value(&got, "wire_seq")?, "2", "a new file's epoch counts from its first row");
+    assert_eq!(
+        value(&got, "wire_seq")?,
+        "2",
+        "a new file's epoch counts from its first row"
+    );
     assert_eq!(value(&got, "rowid_seq")?, "3");
-    let stored: Vec<u8> = outbox.with_connection(|c| c.query_row("SELECT id FROM outbox WHERE seq = 3", [], |r| r.get(0)))?;
+    let stored: Vec<u8> =
+        outbox.with_connection(|c| c.query_row("SELECT id FROM outbox WHERE seq = 3", [], |r| r.get(0)))?;
     assert_eq!(value(&got, "rowid_id")?, common::to_hex(&stored));
     Ok(())
 }
@@ -107,7 +111,13 @@ fn a_writers_own_id_is_kept_and_the_same_id_twice_is_one_message_downstream() ->
     assert!(got[1].1.starts_with("8 CHECK constraint failed"), "{got:?}");
     assert_eq!(query_i64(&outbox, "SELECT count(*) FROM outbox")?, 2);
     assert_eq!(
-        query_i64(&outbox, &format!("SELECT count(*) FROM outbox WHERE id = x'{}'", common::to_hex(own.as_bytes())))?,
+        query_i64(
+            &outbox,
+            &format!(
+                "SELECT count(*) FROM outbox WHERE id = x'{}'",
+                common::to_hex(own.as_bytes())
+            )
+        )?,
         2
     );
 
@@ -120,7 +130,11 @@ fn a_writers_own_id_is_kept_and_the_same_id_twice_is_one_message_downstream() ->
     }
     let report = consumer.report();
     assert_eq!(
-        (report.totals.delivered, report.totals.duplicates, report.totals.unexplained),
+        (
+            report.totals.delivered,
+            report.totals.duplicates,
+            report.totals.unexplained
+        ),
         (1, 1, 0),
         "the second row is a duplicate of the first: {report}"
     );
@@ -161,7 +175,10 @@ fn ts_is_the_insert_time_by_the_wall_clock_not_the_commit() -> TestResult {
     let outbox = Outbox::open(&db)?;
     let got = statement(&db, "ts", &[])?;
     let seq: i64 = value(&got, "seq")?.parse()?;
-    let created = query_i64(&outbox, &format!("SELECT created_at FROM outbox WHERE seq = {seq}"))?;
+    let created = query_i64(
+        &outbox,
+        &format!("SELECT created_at FROM outbox WHERE seq = {seq}"),
+    )?;
     let before_insert: i64 = value(&got, "before_insert")?.parse()?;
     let after_insert: i64 = value(&got, "after_insert")?.parse()?;
     let before_commit: i64 = value(&got, "before_commit")?.parse()?;
@@ -170,7 +187,10 @@ fn ts_is_the_insert_time_by_the_wall_clock_not_the_commit() -> TestResult {
         before_insert - 1 <= created && created <= after_insert,
         "created_at {created} is not within the insert ({before_insert}..={after_insert})"
     );
-    assert!(created < before_commit, "created_at {created} is not before the commit");
+    assert!(
+        created < before_commit,
+        "created_at {created} is not before the commit"
+    );
     Ok(())
 }
 

@@ -108,7 +108,13 @@ fn python_decodes_what_rust_encodes() -> TestResult {
     ignore = "needs python3: none on PATH, or EDGE_OUTBOX_SKIP=python (the build warning says which)"
 )]
 fn python_decodes_a_gap_notice() -> TestResult {
-    let mut notice = GapNotice::new("device-7", (1 << 62) + 5, 1 << 33, (1 << 33) + 9, GapCause::DeadLettered);
+    let mut notice = GapNotice::new(
+        "device-7",
+        (1 << 62) + 5,
+        1 << 33,
+        (1 << 33) + 9,
+        GapCause::DeadLettered,
+    );
     notice.why = Some("the broker refused it: PUBACK reason 0x87 (not authorized)".into());
     notice.created_ms = 1_767_225_600_999;
     let out = run_script("tests/python/wire_decode.py", &[&to_hex(&notice.encode())])?;

@@ -210,13 +210,15 @@ impl Consumer {
         if !known_source {
             self.sources.insert(source.to_owned());
         }
-        self.streams
-            .entry((source.to_owned(), epoch))
-            .or_insert_with(|| {
-                // Every epoch starts at 1: a new epoch of a source already seen has no excuse.
-                let base = if from_start || known_source { 1 } else { first_seen.max(1) };
-                Stream::new(base)
-            })
+        self.streams.entry((source.to_owned(), epoch)).or_insert_with(|| {
+            // Every epoch starts at 1: a new epoch of a source already seen has no excuse.
+            let base = if from_start || known_source {
+                1
+            } else {
+                first_seen.max(1)
+            };
+            Stream::new(base)
+        })
     }
 
     /// The counts so far; a gap still open counts as unexplained (see
@@ -317,12 +319,7 @@ pub struct StreamReport {
 impl StreamReport {
     /// How many numbers are unexplained.
     pub fn unexplained_count(&self) -> u64 {
-        self.forgotten
-            + self
-                .unexplained
-                .iter()
-                .map(|(f, l)| l - f + 1)
-                .sum::<u64>()
+        self.forgotten + self.unexplained.iter().map(|(f, l)| l - f + 1).sum::<u64>()
     }
 }
 
@@ -426,11 +423,20 @@ mod tests {
             }
         );
         // Dead-lettered as 2, announced, retried as 3 with the same id (it had been delivered).
-        c.observe(&Published::Gap(GapNotice::new("a", 1, 2, 2, GapCause::DeadLettered)));
+        c.observe(&Published::Gap(GapNotice::new(
+            "a",
+            1,
+            2,
+            2,
+            GapCause::DeadLettered,
+        )));
         let retried = Envelope { seq: 3, ..m };
         assert_eq!(c.observe(&Published::Message(retried)), Verdict::Duplicate);
         let r = c.report();
-        assert_eq!((r.totals.delivered, r.totals.duplicates, r.totals.announced), (1, 1, 1));
+        assert_eq!(
+            (r.totals.delivered, r.totals.duplicates, r.totals.announced),
+            (1, 1, 1)
+        );
         assert_eq!(r.totals.unexplained, 0);
     }
 
@@ -447,7 +453,10 @@ mod tests {
             }
         );
         let r = c.report();
-        assert_eq!((r.totals.late, r.totals.reordered, r.totals.unexplained), (1, 1, 0));
+        assert_eq!(
+            (r.totals.late, r.totals.reordered, r.totals.unexplained),
+            (1, 1, 0)
+        );
         assert!(r.to_string().contains("total"));
     }
 

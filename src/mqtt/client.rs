@@ -83,8 +83,7 @@ impl SessionOptions {
             let options = match config.version() {
                 Protocol::V311 => {
                     let mut o = rumqttc::MqttOptions::new(client_id, host, port);
-                    o.set_keep_alive(keep_alive)
-                        .set_clean_session(role.clean());
+                    o.set_keep_alive(keep_alive).set_clean_session(role.clean());
                     if let Some((user, password)) = config.credentials_value() {
                         o.set_credentials(user, password);
                     }
@@ -96,7 +95,12 @@ impl SessionOptions {
                             o.set_max_packet_size(config.packet_limit(), config.packet_limit())
                                 .set_inflight(max_in_flight.max(1));
                             if let Some(topic) = config.status() {
-                                o.set_last_will(rumqttc::LastWill::new(topic, "offline", QoS::AtLeastOnce, true));
+                                o.set_last_will(rumqttc::LastWill::new(
+                                    topic,
+                                    "offline",
+                                    QoS::AtLeastOnce,
+                                    true,
+                                ));
                             }
                         }
                         Role::Commands { read_limit, .. } => {
@@ -146,7 +150,10 @@ impl SessionOptions {
                                 ));
                             }
                         }
-                        Role::Commands { read_limit, persistent } => {
+                        Role::Commands {
+                            read_limit,
+                            persistent,
+                        } => {
                             // A persistent session under MQTT 5 needs an expiry: without one it ends
                             // with the connection and the broker keeps nothing while we are offline.
                             // u32::MAX: never expires, as a 3.1.1 persistent session.

@@ -259,7 +259,11 @@ impl StatusCell {
             expired: self.expired.load(Relaxed),
             gaps_announced: self.gaps_announced.load(Relaxed),
             broker: self.broker.lock().unwrap_or_else(PoisonError::into_inner).clone(),
-            database_damaged: self.damaged.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            database_damaged: self
+                .damaged
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
             broker_max_packet_size: granted.max_packet_size,
             broker_receive_maximum: granted.receive_max,
             connections: self.connections.load(Relaxed),

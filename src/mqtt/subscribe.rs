@@ -46,7 +46,9 @@ pub fn subscribe(
     mut on_message: impl FnMut(&str, &[u8]),
 ) -> Result<()> {
     if filters.is_empty() {
-        return Err(Error::InvalidConfig("subscribe needs at least one topic filter".into()));
+        return Err(Error::InvalidConfig(
+            "subscribe needs at least one topic filter".into(),
+        ));
     }
     for filter in filters {
         crate::commands::validate_filter(filter)?;
@@ -65,7 +67,10 @@ pub fn subscribe(
         options: &options,
         handle: &handle,
         stop,
-        backoff: Backoff::new(std::time::Duration::from_millis(100), std::time::Duration::from_secs(10)),
+        backoff: Backoff::new(
+            std::time::Duration::from_millis(100),
+            std::time::Duration::from_secs(10),
+        ),
     };
     let mut client: Option<MqttClient> = None;
     let (done_tx, done) = crossbeam_channel::bounded::<()>(0);
@@ -104,12 +109,15 @@ fn run(
             }
             Signal::Event(Event::SubAck(results)) => {
                 if results.iter().any(|r| matches!(r, SubResult::Refused(_))) {
-                    tracing::error!(?filters, "the broker refused a subscription: check its ACL for this client");
+                    tracing::error!(
+                        ?filters,
+                        "the broker refused a subscription: check its ACL for this client"
+                    );
                 }
             }
             Signal::Event(Event::Delivery(delivery)) => {
                 on_message(&delivery.topic, &delivery.payload);
-                if !client.as_ref().is_some_and(|c| c.try_ack(&delivery).is_ok()) {
+                if client.as_ref().is_none_or(|c| c.try_ack(&delivery).is_err()) {
                     return Ok(Flow::Reconnect(Cause::new(
                         CauseKind::Retry,
                         "could not queue an acknowledgement",

@@ -71,7 +71,10 @@ pub(crate) fn read_after(
         last_gap_id: None,
     };
     let mut found = Vec::new();
-    let mut rows = stmt.query(rusqlite::params![cursor, i64::try_from(limit).unwrap_or(i64::MAX)])?;
+    let mut rows = stmt.query(rusqlite::params![
+        cursor,
+        i64::try_from(limit).unwrap_or(i64::MAX)
+    ])?;
     while let Some(row) = rows.next()? {
         read.rows += 1;
         read.last_gap_id = Some(row.get(0)?);

@@ -356,7 +356,11 @@ impl Publisher {
             }
             Verdict::Refused(reason) if gaps::is_notice(seq) => {
                 self.status.on_answered(s.tracker.in_flight());
-                self.announced(s, seq, Some(format!("the broker refused it: PUBACK reason {reason}")));
+                self.announced(
+                    s,
+                    seq,
+                    Some(format!("the broker refused it: PUBACK reason {reason}")),
+                );
                 if awaited {
                     self.renew(
                         s,
@@ -405,7 +409,8 @@ impl Publisher {
             None => self.status.on_gap_announced(range.1 - range.0 + 1),
             Some(why) => {
                 tracing::error!(first = range.0, last = range.1, %why, "a gap notice could not be published: the cloud will see these messages as an unexplained gap");
-                self.status.set_error(format!("a gap notice could not be published: {why}"));
+                self.status
+                    .set_error(format!("a gap notice could not be published: {why}"));
             }
         }
         s.announced.push(range);
@@ -577,7 +582,14 @@ impl Publisher {
             allow_dollar: self.options.limits.dollar_topics_allowed(),
         };
         let mut notices = VecDeque::new();
-        let gap_read = gaps::read_after(&self.conn, &enc, s.gap_cursor, READ_BATCH, &mut notices, &mut s.notices)?;
+        let gap_read = gaps::read_after(
+            &self.conn,
+            &enc,
+            s.gap_cursor,
+            READ_BATCH,
+            &mut notices,
+            &mut s.notices,
+        )?;
         s.gap_cursor = gap_read.last_gap_id.unwrap_or(s.gap_cursor);
         s.held.extend(notices.into_iter().map(|n| (n.seq, n)));
         let mut fresh = VecDeque::new();
@@ -602,7 +614,11 @@ impl Publisher {
         release_notices(
             &mut s.held,
             &mut s.ready,
-            if rows_at_end { i64::MAX } else { read_through.saturating_add(1) },
+            if rows_at_end {
+                i64::MAX
+            } else {
+                read_through.saturating_add(1)
+            },
         );
         if let Some(last) = read.last_seq
             && last > s.durable_through
@@ -696,7 +712,8 @@ impl Publisher {
                 Ok(None) => {}
                 Ok(Some(why)) => {
                     tracing::error!(damage = %why, "the database file is damaged: restart the application to salvage it");
-                    self.status.set_error(format!("the database file is damaged: {why}"));
+                    self.status
+                        .set_error(format!("the database file is damaged: {why}"));
                     self.status.set_damaged(why);
                 }
                 Err(e) => tracing::warn!(error = %e, "could not check the database file"),

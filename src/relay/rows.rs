@@ -83,7 +83,12 @@ pub(crate) fn read_after(
         let seq: i64 = row.get(0)?;
         read.rows += 1;
         read.last_seq = Some(seq);
-        if row.get::<_, Option<i64>>(8).ok().flatten().is_some_and(|t| t <= now) {
+        if row
+            .get::<_, Option<i64>>(8)
+            .ok()
+            .flatten()
+            .is_some_and(|t| t <= now)
+        {
             out.expired.push(seq);
             continue;
         }
@@ -233,7 +238,10 @@ pub(crate) fn expire(conn: &mut Connection, expired: &mut Vec<i64>) -> Result<u6
     tx.commit()?;
     expired.clear();
     if n > 0 {
-        tracing::info!(messages = n, "expired messages removed unpublished (a gap notice follows)");
+        tracing::info!(
+            messages = n,
+            "expired messages removed unpublished (a gap notice follows)"
+        );
     }
     Ok(n)
 }
@@ -243,4 +251,3 @@ pub(crate) fn expire(conn: &mut Connection, expired: &mut Vec<i64>) -> Result<u6
 pub(crate) fn data_version(conn: &Connection) -> Result<i64> {
     Ok(conn.query_row("PRAGMA data_version", [], |r| r.get(0))?)
 }
-

@@ -22,7 +22,8 @@ pub(crate) struct Epochs {
 
 impl Epochs {
     pub(crate) fn read(conn: &Connection) -> Result<Epochs> {
-        let mut stmt = conn.prepare_cached("SELECT first_seq, epoch FROM edge_outbox_epochs ORDER BY first_seq")?;
+        let mut stmt =
+            conn.prepare_cached("SELECT first_seq, epoch FROM edge_outbox_epochs ORDER BY first_seq")?;
         let list = stmt
             .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?
             .map(|row| row.map(|(first, epoch)| (first, u64::try_from(epoch).unwrap_or(0))))

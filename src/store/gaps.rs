@@ -31,7 +31,13 @@ impl Removal {
 
 /// Records outbox rows `first..=last` (those that exist) as removed, in the caller's transaction;
 /// the caller deletes them in the same transaction.
-pub(crate) fn record(conn: &Connection, first: i64, last: i64, cause: Removal, why: Option<&str>) -> Result<usize> {
+pub(crate) fn record(
+    conn: &Connection,
+    first: i64,
+    last: i64,
+    cause: Removal,
+    why: Option<&str>,
+) -> Result<usize> {
     Ok(conn
         .prepare_cached(
             "INSERT OR IGNORE INTO outbox_gaps (seq, topic, cause, why, removed_at)
@@ -74,10 +80,9 @@ pub(crate) fn expire_due(conn: &Connection, batch: usize) -> Result<u64> {
         "SELECT seq FROM outbox WHERE expires_at IS NOT NULL AND expires_at <= ?1 ORDER BY seq LIMIT ?2",
     )?;
     let seqs = stmt
-        .query_map(
-            params![now_ms(), i64::try_from(batch).unwrap_or(i64::MAX)],
-            |r| r.get::<_, i64>(0),
-        )?
+        .query_map(params![now_ms(), i64::try_from(batch).unwrap_or(i64::MAX)], |r| {
+            r.get::<_, i64>(0)
+        })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     drop(stmt);
     if seqs.is_empty() {
@@ -86,7 +91,10 @@ pub(crate) fn expire_due(conn: &Connection, batch: usize) -> Result<u64> {
     let n = remove(&tx, &seqs, Removal::Expired, None)?;
     tx.commit()?;
     if n > 0 {
-        tracing::info!(messages = n, "removed expired messages unpublished (the relay announces the gap)");
+        tracing::info!(
+            messages = n,
+            "removed expired messages unpublished (the relay announces the gap)"
+        );
     }
     Ok(n)
 }

@@ -94,6 +94,7 @@ mod tests {
             check(&conn, Some(Duration::from_secs(60)), false).expect("check"),
             Health::Ok
         );
-        conn.execute_batch("SELECT count(*) FROM t").expect("not interrupted");
+        conn.execute_batch("SELECT count(*) FROM t")
+            .expect("not interrupted");
     }
 }

@@ -5,8 +5,8 @@ mod dead_letters;
 pub(crate) mod epoch;
 pub(crate) mod gaps;
 pub(crate) mod gate;
-mod integrity;
 mod inbox;
+mod integrity;
 mod open;
 mod options;
 pub(crate) mod outbox;
@@ -348,7 +348,8 @@ impl Outbox {
         let mut conn = self.lock();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let seqs = {
-            let mut stmt = tx.prepare("SELECT seq FROM outbox WHERE ?1 IS NULL OR topic = ?1 ORDER BY seq")?;
+            let mut stmt =
+                tx.prepare("SELECT seq FROM outbox WHERE ?1 IS NULL OR topic = ?1 ORDER BY seq")?;
             stmt.query_map([topic], |r| r.get::<_, i64>(0))?
                 .collect::<rusqlite::Result<Vec<i64>>>()?
         };
@@ -356,7 +357,11 @@ impl Outbox {
         tx.commit()?;
         drop(conn);
         if removed > 0 {
-            tracing::warn!(messages = removed, topic, "purged pending messages unpublished (the relay announces the gap)");
+            tracing::warn!(
+                messages = removed,
+                topic,
+                "purged pending messages unpublished (the relay announces the gap)"
+            );
             self.wake_relay();
         }
         Ok(removed)
@@ -447,7 +452,8 @@ fn open_checked(path: &Path, options: &Options) -> Result<Connection> {
                 integrity::Health::Damaged(why) => {
                     // Leave the damaged file and its WAL as they are, for the salvage and for
                     // whoever looks at the copy kept aside.
-                    let _ = conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true);
+                    let _ = conn
+                        .set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true);
                     why
                 }
             }

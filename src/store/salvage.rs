@@ -64,7 +64,12 @@ pub struct SalvagedTable {
 }
 
 /// Tables edge-outbox fills in itself in the fresh file, or that are SQLite's.
-const NOT_COPIED: &[&str] = &["edge_outbox_meta", "edge_outbox_epochs", "outbox_counters", "sqlite_sequence"];
+const NOT_COPIED: &[&str] = &[
+    "edge_outbox_meta",
+    "edge_outbox_epochs",
+    "outbox_counters",
+    "sqlite_sequence",
+];
 
 /// Rows read per statement.
 const BATCH: i64 = 500;
@@ -114,7 +119,10 @@ pub(crate) fn salvage(path: &Path, options: &Options, why: &str) -> Result<Salva
         match std::fs::rename(from, to) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::io(format!("moving {} to {}", from.display(), to.display()), e)),
+            Err(e) => Err(Error::io(
+                format!("moving {} to {}", from.display(), to.display()),
+                e,
+            )),
         }
     };
     // The WAL first: were the main file moved and the WAL left, SQLite would apply the damaged
@@ -122,7 +130,8 @@ pub(crate) fn salvage(path: &Path, options: &Options, why: &str) -> Result<Salva
     rename(&sibling(path, "-wal"), &sibling(&moved_to, "-wal"))?;
     let _ = std::fs::remove_file(sibling(path, "-shm"));
     rename(path, &moved_to)?;
-    std::fs::rename(&fresh, path).map_err(|e| Error::io(format!("moving {} into place", fresh.display()), e))?;
+    std::fs::rename(&fresh, path)
+        .map_err(|e| Error::io(format!("moving {} into place", fresh.display()), e))?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         // The renames are durable once the directory is synced.
         if let Ok(d) = std::fs::File::open(dir) {
@@ -213,7 +222,9 @@ fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged) -> Result<
         .ok()
         .filter(|e: &Vec<_>| !e.is_empty());
     let old_high: Option<i64> = src
-        .query_row("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'", [], |r| r.get(0))
+        .query_row("SELECT seq FROM sqlite_sequence WHERE name = 'outbox'", [], |r| {
+            r.get(0)
+        })
         .optional()
         .ok()
         .flatten();
@@ -294,7 +305,12 @@ fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged) -> Result<
                     tx.execute(
                         "INSERT OR IGNORE INTO main.outbox_gaps (seq, last_seq, topic, cause, why)
                          VALUES (?1, ?2, ?3, ?4, 'unreadable after the database file was damaged')",
-                        params![a, b, crate::relay::GAP_FALLBACK_TOPIC, Removal::Unrecoverable.as_sql()],
+                        params![
+                            a,
+                            b,
+                            crate::relay::GAP_FALLBACK_TOPIC,
+                            Removal::Unrecoverable.as_sql()
+                        ],
                     )?;
                     report.unrecoverable.push((a, b));
                 }
@@ -303,9 +319,11 @@ fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged) -> Result<
     }
     epoch_after(tx, high, "salvaged")?;
     // The evictions counted so far, best effort.
-    if let Ok((evicted, bytes)) = src.query_row("SELECT evicted, evicted_bytes FROM outbox_counters", [], |r| {
-        Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
-    }) {
+    if let Ok((evicted, bytes)) =
+        src.query_row("SELECT evicted, evicted_bytes FROM outbox_counters", [], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
+        })
+    {
         tx.execute(
             "UPDATE main.outbox_counters SET evicted = ?1, evicted_bytes = ?2",
             [evicted, bytes],
@@ -329,15 +347,25 @@ fn split_by_epochs(first: i64, last: i64, epochs: &[(i64, i64, String, i64)]) ->
 /// Sets the outbox counter to `high` (if below) and starts a new epoch after it.
 fn epoch_after(tx: &Connection, high: i64, reason: &str) -> Result<u64> {
     let current: Option<i64> = tx
-        .query_row("SELECT seq FROM main.sqlite_sequence WHERE name = 'outbox'", [], |r| r.get(0))
+        .query_row(
+            "SELECT seq FROM main.sqlite_sequence WHERE name = 'outbox'",
+            [],
+            |r| r.get(0),
+        )
         .optional()?;
     match current {
         Some(seq) if seq >= high => {}
         Some(_) => {
-            tx.execute("UPDATE main.sqlite_sequence SET seq = ?1 WHERE name = 'outbox'", [high])?;
+            tx.execute(
+                "UPDATE main.sqlite_sequence SET seq = ?1 WHERE name = 'outbox'",
+                [high],
+            )?;
         }
         None if high > 0 => {
-            tx.execute("INSERT INTO main.sqlite_sequence (name, seq) VALUES ('outbox', ?1)", [high])?;
+            tx.execute(
+                "INSERT INTO main.sqlite_sequence (name, seq) VALUES ('outbox', ?1)",
+                [high],
+            )?;
         }
         None => {}
     }
@@ -412,7 +440,9 @@ fn copy_table(src: &Connection, tx: &Connection, table: &str, renumber: bool) ->
             let mut stmt = src.prepare_cached(&select)?;
             let mut rows = stmt.query([from])?;
             while let Some(row) = rows.next()? {
-                let values = (1..=cols.len()).map(|i| row.get::<_, Value>(i)).collect::<rusqlite::Result<_>>()?;
+                let values = (1..=cols.len())
+                    .map(|i| row.get::<_, Value>(i))
+                    .collect::<rusqlite::Result<_>>()?;
                 batch.push((row.get(0)?, values));
             }
             Ok(())

@@ -78,7 +78,11 @@ fn read_now(conn: &Connection) -> Result<Stats> {
         inbox_applied: count("SELECT count(*) FROM inbox WHERE applied_at IS NOT NULL")?,
         // A file not yet migrated (read by the CLI, read-only) has neither.
         epoch: if v3 { super::epoch::current(conn)? } else { 0 },
-        gaps_unannounced: if v3 { count("SELECT count(*) FROM outbox_gaps")? } else { 0 },
+        gaps_unannounced: if v3 {
+            count("SELECT count(*) FROM outbox_gaps")?
+        } else {
+            0
+        },
         salvaged: count(
             "SELECT coalesce((SELECT value FROM edge_outbox_meta WHERE name = 'corruptions_salvaged'), 0)",
         )?,

@@ -121,7 +121,10 @@ pub fn run(global: &Global, args: &ConsumeArgs) -> Result<()> {
         if Instant::now() >= next_table && !global.json {
             next_table = Instant::now() + interval;
             let clear = if tty { "\x1b[2J\x1b[H" } else { "" };
-            output::print(&format!("{clear}{}", table(&consumer.report_after(grace), malformed)))?;
+            output::print(&format!(
+                "{clear}{}",
+                table(&consumer.report_after(grace), malformed)
+            ))?;
         }
     }
     drop(stop_tx);

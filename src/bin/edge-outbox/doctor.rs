@@ -37,7 +37,10 @@ pub fn run(global: &Global, args: &DoctorArgs) -> Result<()> {
         if global.json {
             return output::print_json(&json!({ "db": path.display().to_string(), "ok": true }));
         }
-        return output::print(&format!("ok: {} passes SQLite's integrity check\n", path.display()));
+        return output::print(&format!(
+            "ok: {} passes SQLite's integrity check\n",
+            path.display()
+        ));
     };
     if !args.salvage {
         return Err(CliError::database(format!(
