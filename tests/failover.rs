@@ -51,7 +51,7 @@ fn killing_the_current_broker_moves_the_relay_to_the_next_and_loses_nothing() ->
                     tx.publish(&format!("failover/{}", n % 4), &format!("k{}", n % 4), &n)
                 })?;
                 n += 1;
-                if n % 50 == 0 {
+                if n.is_multiple_of(50) {
                     std::thread::sleep(Duration::from_millis(5));
                 }
             }
