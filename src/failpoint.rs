@@ -56,3 +56,11 @@ pub fn hit(name: &str) {
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn hit(_name: &str) {}
+
+/// Moves the wall clock edge-outbox reads in this process by `ms` (negative: back), as an NTP
+/// step or an RTC-less board's first sync would (feature `failpoints`). Monotonic clocks, and
+/// SQLite's own column defaults, are not moved.
+#[cfg(feature = "failpoints")]
+pub fn shift_wall_clock(ms: i64) {
+    crate::time::shift::by(ms);
+}

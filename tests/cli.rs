@@ -176,7 +176,10 @@ fn status_reports_the_store_in_text_and_json() -> TestResult {
     assert_eq!(text.code, Some(0), "{text:#?}");
     assert!(text.stderr.is_empty(), "{text:#?}");
     for needle in [
-        "(schema 3; this build supports 3)",
+        &format!(
+            "(schema {v}; this build supports {v})",
+            v = edge_outbox::SCHEMA_VERSION
+        ),
         &format!(
             "pending       3 messages, {} B, the oldest waiting for ",
             stats.pending_bytes
@@ -189,7 +192,7 @@ fn status_reports_the_store_in_text_and_json() -> TestResult {
     }
 
     let json = on(&f.db, &["status", "--json"]).json()?;
-    assert_eq!(json["schema_version"], 3);
+    assert_eq!(json["schema_version"], edge_outbox::SCHEMA_VERSION);
     assert_eq!(json["supported_schema_version"], edge_outbox::SCHEMA_VERSION);
     assert_eq!(json["epoch"], stats.epoch);
     // The CLI reads the documented schema itself; it must agree with the library.

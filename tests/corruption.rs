@@ -91,6 +91,10 @@ fn a_damaged_file_is_moved_aside_and_everything_readable_comes_back() -> TestRes
         for id in &unapplied {
             outbox.receive("cmd", &command_bytes(*id, "u", &"cmd-waiting")?)?;
         }
+        // A relay ran an hour on this file (the uptime clock retention reads).
+        outbox.with_connection(|c| {
+            c.execute_batch("UPDATE edge_outbox_meta SET value = 3600000 WHERE name = 'uptime_ms'")
+        })?;
         // Everything so far in the main file; what follows stays in the WAL.
         outbox.with_connection(|c| c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)"))?;
         for batch in 0..10 {
@@ -138,6 +142,14 @@ fn a_damaged_file_is_moved_aside_and_everything_readable_comes_back() -> TestRes
     let stats = outbox.stats()?;
     assert_eq!(stats.salvaged, 1);
     assert_ne!(stats.epoch, old_epoch, "new messages are numbered in a new epoch");
+    assert_eq!(
+        query_i64(
+            &outbox,
+            "SELECT value FROM edge_outbox_meta WHERE name = 'uptime_ms'"
+        )?,
+        3_600_000,
+        "the uptime clock carries on"
+    );
 
     // What was readable is back, with its numbers.
     let pending: BTreeSet<i64> = outbox.with_connection(|c| {

@@ -290,7 +290,9 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
         drop(outbox);
         // Back to what version 1 wrote, as an older build left the file.
         let conn = rusqlite::Connection::open(&path)?;
-        back_to_version_2(&conn)?;
+        down_to_4(&conn)?;
+        conn.execute_batch(DOWN_TO_3)?;
+        conn.execute_batch(DOWN_TO_2)?;
         conn.execute_batch(
             "DROP INDEX inbox_claimed;
              DROP INDEX inbox_retained;
@@ -326,8 +328,18 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
     Ok(())
 }
 
-/// Undoes migration 3 on `conn`'s file: what a version 2 build left.
-fn back_to_version_2(conn: &rusqlite::Connection) -> TestResult {
+/// Version 4 undone: on this branch it adds nothing (it is issue 14's counters).
+const DOWN_TO_3: &str = "UPDATE edge_outbox_meta SET value = 3 WHERE name = 'schema_version';";
+
+/// Version 3's uptime clock undone (after [`DOWN_TO_3`]): what version 2 wrote.
+const DOWN_TO_2: &str = "
+    ALTER TABLE outbox_sent DROP COLUMN sent_uptime;
+    ALTER TABLE inbox DROP COLUMN done_uptime;
+    DELETE FROM edge_outbox_meta WHERE name = 'uptime_ms';
+    UPDATE edge_outbox_meta SET value = 2 WHERE name = 'schema_version';";
+
+/// Undoes migration 5 on `conn`'s file: what a version 4 build left.
+fn down_to_4(conn: &rusqlite::Connection) -> TestResult {
     let sql: String = conn.query_row("SELECT sql FROM sqlite_schema WHERE name = 'outbox'", [], |r| {
         r.get(0)
     })?;
@@ -347,17 +359,17 @@ fn back_to_version_2(conn: &rusqlite::Connection) -> TestResult {
          DROP INDEX outbox_expiring;
          ALTER TABLE outbox DROP COLUMN expires_at;
          DELETE FROM edge_outbox_meta WHERE name = 'file_id';
-         UPDATE edge_outbox_meta SET value = 2 WHERE name = 'schema_version';",
+         UPDATE edge_outbox_meta SET value = 4 WHERE name = 'schema_version';",
     )?;
     Ok(())
 }
 
-/// A version 2 file is migrated to version 3 in place: its pending rows, its sequence counter
+/// A version 4 file is migrated to version 5 in place: its pending rows, its sequence counter
 /// and the triggers that count rows all survive; the numbering carries on in an epoch that
 /// starts at its first row (so numbers already published keep their meaning); the SQL default
 /// mints UUIDv4 ids from then on.
 #[test]
-fn a_version_2_outbox_is_migrated_to_version_3_and_its_numbering_carries_on() -> TestResult {
+fn a_version_4_outbox_is_migrated_to_version_5_and_its_numbering_carries_on() -> TestResult {
     let (_dir, path) = temp_db()?;
     {
         let outbox = Outbox::open(&path)?;
@@ -368,7 +380,7 @@ fn a_version_2_outbox_is_migrated_to_version_3_and_its_numbering_carries_on() ->
         let conn = rusqlite::Connection::open(&path)?;
         // Three were published and deleted; two are pending.
         conn.execute("DELETE FROM outbox WHERE seq <= 3", [])?;
-        back_to_version_2(&conn)?;
+        down_to_4(&conn)?;
         let sql: String = conn.query_row("SELECT sql FROM sqlite_schema WHERE name = 'outbox'", [], |r| {
             r.get(0)
         })?;

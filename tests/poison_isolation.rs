@@ -189,3 +189,42 @@ fn mqtt311_a_row_above_mosquittos_packet_limit_is_isolated_and_the_rest_delivere
     assert!(status.connections <= 10, "{status:?}");
     relay.shutdown().expect("shutdown");
 }
+
+/// A broker that accepts publishes and acknowledges none (a broker out of disk that keeps its
+/// connections, a proxy that eats PUBACKs): no message is to blame, so nothing is marked and
+/// nothing set aside; the relay renews the connection per ack timeout, holds no more than its
+/// window in flight, and delivers everything once acknowledgements come back.
+#[test]
+fn a_broker_that_acknowledges_nothing_gets_nothing_marked_and_nothing_isolated() {
+    let broker = Broker::start().expect("broker");
+    let proxy = MqttProxy::start(broker.addr()).expect("mqtt proxy");
+    let sub = Subscriber::start(broker.addr(), "orders/#").expect("subscriber");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let outbox = open_device(dir.path());
+    proxy.drop_pubacks(true);
+    let config = relay_config(proxy.addr(), "never-acks")
+        .max_in_flight(10)
+        .ack_timeout(Duration::from_millis(300));
+    let relay = Relay::start(&outbox, config).expect("relay");
+    let committed = support::device::commit_orders(&outbox, &["a", "b"], 50, 0);
+    // Five renewals for lack of acknowledgements: more than the three strikes that would isolate.
+    assert!(proxy.wait_connections(6, WAIT), "the relay renews the connection");
+    let status = relay.status().expect("status");
+    assert!(status.in_flight <= 10, "{status:?}");
+    assert_eq!(status.acknowledged, 0, "{status:?}");
+    assert_eq!(
+        outbox.stats().expect("stats").pending_messages,
+        50,
+        "nothing marked"
+    );
+    assert!(
+        outbox.dead_letters(10).expect("dead letters").is_empty(),
+        "nothing isolated"
+    );
+    assert_eq!(status.isolated, 0);
+
+    proxy.drop_pubacks(false);
+    check::wait_and_check(&sub, &committed, WAIT).expect("everything delivered, in order");
+    assert!(wait_drained(&outbox, WAIT));
+    relay.shutdown().expect("shutdown");
+}

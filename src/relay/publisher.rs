@@ -42,6 +42,7 @@ use crate::mqtt::tracker::{Seq, Tracker};
 use crate::mqtt::{Aliases, MqttClient, Protocol};
 use crate::store::Options;
 use crate::store::epoch::Epochs;
+use crate::store::uptime::UptimeClock;
 
 pub(crate) struct Publisher {
     pub conn: Connection,
@@ -59,6 +60,8 @@ pub(crate) struct Publisher {
 /// The current connection, as far as publishing goes.
 struct Live {
     client: MqttClient,
+    /// When the last PUBACK of this connection arrived.
+    last_ack: Option<Instant>,
     /// Most rows in flight now: 1 while probing, else `full_window`.
     window: usize,
     /// Ours, lowered to the broker's receive maximum.
@@ -122,6 +125,8 @@ struct State {
     next_tick: Instant,
     next_prune: Instant,
     next_check: Instant,
+    /// The time this relay runs, written forward into the file (retention's second clock).
+    uptime: UptimeClock,
 }
 
 /// A row that was the oldest unacknowledged one when connections died.
@@ -129,6 +134,10 @@ struct Suspect {
     seq: Seq,
     strikes: u32,
 }
+
+/// A connection that ends this soon after the only message on the wire was written counts against
+/// that message (a broker rejecting a packet closes at once; a flaky link drops at any time).
+const CHOKE_WINDOW: Duration = Duration::from_secs(2);
 
 /// Acknowledged rows go to the marker at least this often under load.
 const ACK_BATCH: usize = 512;
@@ -176,6 +185,7 @@ impl Publisher {
             next_tick: now + TICK,
             next_prune: now + self.config.prune_interval,
             next_check: now + self.config.integrity_interval,
+            uptime: UptimeClock::start(),
         };
         let mut stop = self.stop.clone();
         let mut burst = 0;
@@ -227,6 +237,9 @@ impl Publisher {
             }
         }
         self.marks.sync(&mut s.acked);
+        if let Err(e) = s.uptime.advance(&self.conn, true) {
+            tracing::warn!(error = %e, "could not write the uptime clock forward");
+        }
         if let Some(live) = &s.live {
             // A clean DISCONNECT: the broker discards the last will, so `offline` is not sent
             // for a planned stop (the status topic gets it published explicitly instead).
@@ -317,6 +330,7 @@ impl Publisher {
         }
         s.live = Some(Live {
             client: link.client,
+            last_ack: None,
             window,
             full_window,
             max_packet,
@@ -330,6 +344,9 @@ impl Publisher {
         // rumqttc skips its collision check on a refusal, so a row parked on this packet id
         // would wait until the collision times out: renew the connection instead.
         let awaited = s.tracker.is_awaited(ack.pkid);
+        if let Some(live) = &mut s.live {
+            live.last_ack = Some(Instant::now());
+        }
         let Some(seq) = s.tracker.on_puback(ack.pkid) else {
             return;
         };
@@ -455,14 +472,33 @@ impl Publisher {
         if threshold == 0 {
             return;
         }
-        s.probe_until = s.tracker.newest_in_flight().max(s.probe_until);
+        let (_, written) = s.tracker.oldest_on_wire().unwrap_or((seq, Instant::now()));
+        let acked_since = s
+            .live
+            .as_ref()
+            .and_then(|l| l.last_ack)
+            .is_some_and(|at| at > written);
         let strikes = match cause.kind {
             CauseKind::NamesPacket => threshold,
-            CauseKind::Requested => 1,
-            CauseKind::Lost if s.tracker.on_wire() == 1 => 1,
+            // The broker acknowledged later messages and not this one: this one's doing. Once
+            // that is established, later timeouts count too, even with nothing left to compare
+            // with (the rest has drained).
+            CauseKind::Requested if acked_since || s.suspect.as_ref().is_some_and(|x| x.seq == seq) => 1,
+            // No PUBACK at all since it was written, and no earlier evidence: a broker (or link)
+            // that acknowledges nothing says nothing about this message. Renewing is all.
+            CauseKind::Requested => {
+                tracing::debug!(seq, %cause, "no acknowledgement at all since it was written: no strike");
+                return;
+            }
+            // The connection ended with only this message on the wire, and soon after it was
+            // written, as a broker that rejects a packet by closing does. A link that drops at
+            // some other moment is no evidence against it.
+            CauseKind::Lost if s.tracker.on_wire() == 1 && written.elapsed() < CHOKE_WINDOW => 1,
+            CauseKind::Lost if s.tracker.on_wire() == 1 => return,
             // A whole window was on the wire: no telling which one. The next connection
             // publishes one at a time, which will.
             _ => {
+                s.probe_until = s.tracker.newest_in_flight().max(s.probe_until);
                 tracing::debug!(on_wire = s.tracker.on_wire(), %cause, "connection lost with a window in flight: narrowing it");
                 return;
             }
@@ -718,6 +754,9 @@ impl Publisher {
                 }
                 Err(e) => tracing::warn!(error = %e, "could not check the database file"),
             }
+        }
+        if let Err(e) = s.uptime.advance(&self.conn, false) {
+            tracing::warn!(error = %e, "could not write the uptime clock forward");
         }
         if now >= s.next_prune && s.stopping.is_none() {
             let done = match crate::store::maintain_for(&self.conn, &self.options, PRUNE_SLICE) {

@@ -181,12 +181,15 @@ pub(crate) fn mark_acked(conn: &mut Connection, options: &Options, seqs: &mut Ve
         let mut keep = options
             .sent_retention
             .map(|_| {
-                tx.prepare_cached(
+                tx.prepare_cached(&format!(
                     "INSERT OR IGNORE INTO outbox_sent
-                         (seq, id, topic, key, payload, event_type, headers, created_at, sent_at)
-                     SELECT seq, id, topic, key, payload, event_type, headers, created_at, ?3
-                     FROM outbox WHERE seq BETWEEN ?1 AND ?2",
-                )
+                             (seq, id, topic, key, payload, event_type, headers, created_at, sent_at,
+                              sent_uptime)
+                         SELECT seq, id, topic, key, payload, event_type, headers, created_at, ?3,
+                                {}
+                         FROM outbox WHERE seq BETWEEN ?1 AND ?2",
+                    crate::store::uptime::NOW_SQL
+                ))
             })
             .transpose()?;
         let mut delete = tx.prepare_cached("DELETE FROM outbox WHERE seq BETWEEN ?1 AND ?2")?;

@@ -105,7 +105,7 @@ pub(crate) struct ClaimStep {
 /// The oldest due command whose key has no older unapplied command, and that nobody is running.
 const NEXT_DUE: &str = "
     SELECT seq, id, topic, key, payload, event_type, headers, source, attempts FROM inbox AS i
-    WHERE applied_at IS NULL AND dead_at IS NULL AND next_attempt_at <= ?1
+    WHERE applied_at IS NULL AND dead_at IS NULL AND (next_attempt_at <= ?1 OR next_attempt_at > ?2)
       AND attempt_started_at IS NULL
       AND NOT EXISTS (SELECT 1 FROM inbox AS o
                       WHERE o.key = i.key AND o.seq < i.seq AND o.applied_at IS NULL AND o.dead_at IS NULL)
@@ -114,7 +114,7 @@ const NEXT_DUE: &str = "
 /// `NEXT_DUE` without its `applied_at IS NULL` guard: the `double-apply` mutant.
 const NEXT_DUE_UNGUARDED: &str = "
     SELECT seq, id, topic, key, payload, event_type, headers, source, attempts FROM inbox AS i
-    WHERE dead_at IS NULL AND next_attempt_at <= ?1 AND attempt_started_at IS NULL
+    WHERE dead_at IS NULL AND (next_attempt_at <= ?1 OR next_attempt_at > ?2) AND attempt_started_at IS NULL
     ORDER BY seq LIMIT 1";
 
 /// When the earliest command that is first in its key and not running becomes due.
@@ -139,7 +139,9 @@ pub(crate) fn claim(conn: &mut Connection, a: &Applier<'_>) -> Result<ClaimStep>
         } else {
             NEXT_DUE
         })?
-        .query_row([now], |r| {
+        // A due time further ahead than the longest backoff means the wall clock went back since
+        // it was set: due now, rather than after the hours the clock jumped.
+        .query_row([now, now.saturating_add(ms(a.options.backoff_max))], |r| {
             Ok((
                 r.get::<_, i64>(0)?,
                 r.get::<_, Vec<u8>>(1)?,
@@ -160,7 +162,9 @@ pub(crate) fn claim(conn: &mut Connection, a: &Applier<'_>) -> Result<ClaimStep>
         tx.commit()?;
         return Ok(ClaimStep {
             claimed: Claimed::Idle {
-                next_due: next_due.map(|at| Duration::from_millis(u64::try_from(at - now).unwrap_or(0))),
+                next_due: next_due.map(|at| {
+                    Duration::from_millis(u64::try_from(at - now).unwrap_or(0)).min(a.options.backoff_max)
+                }),
             },
             recovered_dead,
         });
@@ -238,6 +242,7 @@ where
             let marked = t
                 .prepare_cached(
                     "UPDATE inbox SET applied_at = ?2, attempt_started_at = NULL, claimed_by = NULL,
+                            done_uptime = (SELECT value FROM edge_outbox_meta WHERE name = 'uptime_ms'),
                             payload = CASE WHEN ?3 OR ?4 THEN payload END
                      WHERE seq = ?1 AND (applied_at IS NULL OR ?4) AND dead_at IS NULL",
                 )?
@@ -288,6 +293,7 @@ pub(crate) fn fail(
     // already counted it.
     let changed = tx.execute(
         "UPDATE inbox SET last_error = ?2, next_attempt_at = ?3, dead_at = CASE WHEN ?4 THEN ?5 END,
+                done_uptime = CASE WHEN ?4 THEN (SELECT value FROM edge_outbox_meta WHERE name = 'uptime_ms') END,
                 attempt_started_at = NULL, claimed_by = NULL
          WHERE seq = ?1 AND applied_at IS NULL AND dead_at IS NULL
            AND attempt_started_at = ?6 AND claimed_by = ?7",
@@ -370,6 +376,7 @@ fn recover(tx: &Transaction<'_>, options: &Options, filter: &str, arg: impl rusq
         let retry_in = options.backoff_after(attempts);
         tx.execute(
             "UPDATE inbox SET last_error = ?2, next_attempt_at = ?3, dead_at = CASE WHEN ?4 THEN ?5 END,
+                done_uptime = CASE WHEN ?4 THEN (SELECT value FROM edge_outbox_meta WHERE name = 'uptime_ms') END,
                     attempt_started_at = NULL, claimed_by = NULL
              WHERE seq = ?1",
             params![seq, error, now + ms(retry_in), dead, now],

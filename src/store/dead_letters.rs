@@ -138,7 +138,7 @@ pub(crate) fn retry(conn: &mut Connection, options: &Options, dl_id: i64) -> Res
         // A stored command: give it a fresh set of attempts; its inbox row still holds its id.
         ("inbox", Some(id)) => {
             tx.execute(
-                "UPDATE inbox SET dead_at = NULL, attempts = 0, next_attempt_at = 0, last_error = NULL
+                "UPDATE inbox SET dead_at = NULL, done_uptime = NULL, attempts = 0, next_attempt_at = 0, last_error = NULL
                  WHERE id = ?1",
                 [id],
             )?;

@@ -42,7 +42,7 @@ impl Epochs {
     }
 }
 
-/// The current epoch of the store `conn` is on (0 before schema version 3).
+/// The current epoch of the store `conn` is on (0 before schema version 5).
 pub(crate) fn current(conn: &Connection) -> Result<u64> {
     let epoch: Option<i64> = conn
         .query_row(

@@ -251,6 +251,9 @@ pub(crate) fn refuse(conn: &Connection, topic: &str, bytes: Option<&[u8]>, reaso
 /// every subscription, so only a newer one can replace it there.
 pub(crate) fn prune(conn: &Connection, options: &Options, batch: usize) -> Result<u64> {
     let cutoff = now_ms().saturating_sub(ms(options.inbox_retention));
+    // Old on the uptime clock too (see super::uptime): a wall clock that jumps ahead must not
+    // forget an applied id a broker may still redeliver.
+    let uptime_cutoff = super::uptime::now(conn)?.saturating_sub(ms(options.inbox_retention));
     let batch = i64::try_from(batch).unwrap_or(i64::MAX);
     // A retained command's id is kept while it is the newest retained one on its topic: the
     // broker sends it again at every subscription, and it must be recognised, never applied twice.
@@ -259,17 +262,17 @@ pub(crate) fn prune(conn: &Connection, options: &Options, batch: usize) -> Resul
     let applied = conn.execute(
         &format!(
             "DELETE FROM inbox WHERE seq IN (SELECT seq FROM inbox WHERE applied_at < ?1 AND {REPLACED}
-             LIMIT ?2)"
+             AND coalesce(done_uptime, 0) <= ?3 LIMIT ?2)"
         ),
-        params![cutoff, batch],
+        params![cutoff, batch, uptime_cutoff],
     )?;
     let dropped = conn.execute(
         &format!(
             "DELETE FROM inbox WHERE seq IN (SELECT seq FROM inbox WHERE dead_at < ?1 AND {REPLACED}
-             AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = 'inbox' AND d.message_id = inbox.id)
+             AND coalesce(done_uptime, 0) <= ?3 AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = 'inbox' AND d.message_id = inbox.id)
              LIMIT ?2)"
         ),
-        params![cutoff, batch],
+        params![cutoff, batch, uptime_cutoff],
     )?;
     Ok((applied + dropped) as u64)
 }

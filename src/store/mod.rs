@@ -14,6 +14,7 @@ mod reentry;
 mod salvage;
 mod schema;
 mod stats;
+pub(crate) mod uptime;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};

@@ -333,10 +333,12 @@ pub(crate) fn prune_sent(conn: &rusqlite::Connection, options: &Options, batch: 
         return Ok(0);
     };
     let n = conn.execute(
-        "DELETE FROM outbox_sent WHERE seq IN (SELECT seq FROM outbox_sent WHERE sent_at < ?1 LIMIT ?2)",
+        "DELETE FROM outbox_sent WHERE seq IN (SELECT seq FROM outbox_sent
+             WHERE sent_at < ?1 AND coalesce(sent_uptime, 0) <= ?3 LIMIT ?2)",
         params![
             now_ms().saturating_sub(ms(retention)),
-            i64::try_from(batch).unwrap_or(i64::MAX)
+            i64::try_from(batch).unwrap_or(i64::MAX),
+            super::uptime::now(conn)?.saturating_sub(ms(retention)),
         ],
     )?;
     Ok(n as u64)

@@ -329,6 +329,15 @@ fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged) -> Result<
             [evicted, bytes],
         )?;
     }
+    // The uptime clock carries on from where it was, so the sent rows and command ids copied with
+    // their stamps are not younger on it than they are (best effort: read as 0 they are kept
+    // longer, never shorter).
+    if let Ok(uptime) = super::uptime::now(src) {
+        tx.execute(
+            "UPDATE main.edge_outbox_meta SET value = max(value, ?1) WHERE name = 'uptime_ms'",
+            [uptime],
+        )?;
+    }
     Ok(())
 }
 

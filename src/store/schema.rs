@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use crate::error::{Error, Result};
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Column default for "now" in Unix milliseconds. `julianday` works in every SQLite a foreign
 /// writer may link (Debian's Python ships 3.40), unlike `unixepoch('subsec')` (3.42+).
@@ -21,7 +21,7 @@ macro_rules! now_ms_sql {
 }
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// Version 1: the outbox, the inbox, dead letters.
 const V1: &str = concat!(
@@ -141,11 +141,25 @@ CREATE INDEX inbox_claimed ON inbox (seq) WHERE attempt_started_at IS NOT NULL;
 CREATE INDEX inbox_retained ON inbox (topic, seq) WHERE retained = 1;
 ";
 
-/// Version 3: loss the cloud can see. Epochs number each (source, epoch)'s messages from 1 with no
+/// Version 3: the uptime clock (src/store/uptime.rs), and the stamps retention compares with it.
+const V3: &str = "
+INSERT INTO edge_outbox_meta (name, value) VALUES ('uptime_ms', 0) ON CONFLICT (name) DO NOTHING;
+-- The uptime clock when the row was moved here (acknowledged); NULL for rows from version 2.
+ALTER TABLE outbox_sent ADD COLUMN sent_uptime INTEGER;
+-- The uptime clock when the command was applied or set aside as dead; NULL before that, and for
+-- rows from version 2.
+ALTER TABLE inbox ADD COLUMN done_uptime INTEGER;
+";
+
+/// Version 4 is issue 14's (the pending counters), merged before version 5; on a branch without
+/// it this step is empty. Version 5 depends on nothing version 4 adds.
+const V4: &str = "";
+
+/// Version 5: loss the cloud can see. Epochs number each (source, epoch)'s messages from 1 with no
 /// gap; every message the device removes before publishing it leaves a row in `outbox_gaps`, in
 /// the transaction that removes it, until the relay has published its gap notice. Messages may
 /// expire. (The SQL default for `outbox.id` becomes a valid UUIDv4 in `fix_id_default`.)
-const V3: &str = concat!(
+const V5: &str = concat!(
     "
 -- One row per epoch. An epoch numbers the outbox rows from first_seq on: the envelope's seq is
 -- outbox.seq - first_seq + 1, so each epoch starts at 1. A new epoch starts when the schema is
@@ -259,7 +273,7 @@ pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {
             continue;
         }
         tx.execute_batch(sql)?;
-        if target == 3 {
+        if target == 5 {
             fix_id_default(&tx)?;
         }
         tx.execute(

@@ -66,7 +66,7 @@ fn read_now(conn: &Connection) -> Result<Stats> {
         .query_row([], |r| r.get(0))
         .optional()?;
     let count = |sql: &str| -> Result<u64> { Ok(conn.prepare_cached(sql)?.query_row([], |r| r.get(0))?) };
-    let v3 = super::schema_version(conn)? >= 3;
+    let v5 = super::schema_version(conn)? >= 5;
     Ok(Stats {
         pending_messages,
         pending_bytes,
@@ -77,8 +77,8 @@ fn read_now(conn: &Connection) -> Result<Stats> {
         inbox_unapplied: count("SELECT count(*) FROM inbox WHERE applied_at IS NULL AND dead_at IS NULL")?,
         inbox_applied: count("SELECT count(*) FROM inbox WHERE applied_at IS NOT NULL")?,
         // A file not yet migrated (read by the CLI, read-only) has neither.
-        epoch: if v3 { super::epoch::current(conn)? } else { 0 },
-        gaps_unannounced: if v3 {
+        epoch: if v5 { super::epoch::current(conn)? } else { 0 },
+        gaps_unannounced: if v5 {
             count("SELECT count(*) FROM outbox_gaps")?
         } else {
             0

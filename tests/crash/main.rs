@@ -112,8 +112,28 @@ fn main() {
     } else {
         Vec::new()
     };
+    if mutant.is_none() && std::env::var("CRASH_MUTANT_MATRIX").is_ok_and(|v| v == "1") {
+        let matrix = mutants::matrix(&SCENARIO_GROUPS);
+        println!("\n{matrix}");
+        if let Ok(path) = std::env::var("CRASH_TABLE")
+            && let Err(e) = write_block(std::path::Path::new(&path), "mutant-matrix", &matrix)
+        {
+            eprintln!("crash: writing {path}: {e}");
+            std::process::exit(1);
+        }
+    }
     finish(&verdicts, &outcomes);
 }
+
+/// The scenarios by family, as `CRASH_MUTANT_MATRIX` runs them one at a time.
+const SCENARIO_GROUPS: [&str; 6] = [
+    "failpoint",
+    "proxy_chaos",
+    "random_kills",
+    "foreign_writers",
+    "broker_kills",
+    "disk_full",
+];
 
 /// A device or writer lives as long as the orchestrator: the orchestrator holds the other end of
 /// its stdin, which closes when it exits, however it exits (a SIGTERM to the test run, a panic).
@@ -169,8 +189,7 @@ fn finish(verdicts: &[Verdict], outcomes: &[mutants::Outcome]) -> ! {
     std::process::exit(0);
 }
 
-/// Writes the Markdown tables to `path`: each between its `<!-- name -->` and `<!-- /name -->`
-/// lines if the file has them (docs/reliability.md does), else the whole file.
+/// Writes the Markdown tables to `path` (see `write_block`).
 fn write_tables(
     path: &std::path::Path,
     verdicts: &[Verdict],
@@ -186,22 +205,27 @@ fn write_tables(
         "Against {broker}, seed {seed}, written by {command}:\n\n{}",
         checker::table(verdicts, true)
     );
-    let mutants = format!(
-        "The same run, against each mutant:\n\n{}",
-        mutants::table(outcomes)
-    );
-    let mut text = std::fs::read_to_string(path).unwrap_or_default();
-    let mut whole = String::new();
-    for (name, block) in [("crash-table", scenarios), ("mutant-table", mutants)] {
-        let (begin, end) = (format!("<!-- {name} -->"), format!("<!-- /{name} -->"));
-        match (text.find(&begin), text.find(&end)) {
-            (Some(b), Some(e)) if b < e => {
-                text = format!("{}{begin}\n{block}{}", &text[..b], &text[e..]);
-            }
-            _ => whole.push_str(&format!("{block}\n")),
-        }
+    write_block(path, "crash-table", &scenarios)?;
+    if !outcomes.is_empty() {
+        let mutants = format!(
+            "The same run, against each mutant:\n\n{}",
+            mutants::table(outcomes)
+        );
+        write_block(path, "mutant-table", &mutants)?;
     }
-    std::fs::write(path, if whole.is_empty() { text } else { whole })
+    Ok(())
+}
+
+/// Writes `block` into `path` between its `<!-- name -->` and `<!-- /name -->` lines if the file
+/// has them (docs/reliability.md does), else appends it.
+fn write_block(path: &std::path::Path, name: &str, block: &str) -> std::io::Result<()> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let (begin, end) = (format!("<!-- {name} -->"), format!("<!-- /{name} -->"));
+    let new = match (text.find(&begin), text.find(&end)) {
+        (Some(b), Some(e)) if b < e => format!("{}{begin}\n{block}{}", &text[..b], &text[e..]),
+        _ => format!("{text}{block}\n"),
+    };
+    std::fs::write(path, new)
 }
 
 fn summary(v: &Verdict) -> String {

@@ -60,70 +60,95 @@ pub struct Outcome {
 
 /// Runs this binary once per mutant, with `EDGE_OUTBOX_MUTANT` set.
 pub fn run_all() -> Vec<Outcome> {
-    let mut outcomes = Vec::new();
+    MUTANTS.iter().map(|&m| run_one(m, None, true)).collect()
+}
+
+/// Every mutant against every group of scenarios, each run on its own (`CRASH_MUTANT_MATRIX=1`):
+/// which scenarios can see which breach. Not part of the normal run (about 30 runs); its table
+/// goes to docs/reliability.md.
+pub fn matrix(groups: &[&str]) -> String {
+    let mut out = format!(
+        "| mutant | {} |\n|---|{}\n",
+        groups.join(" | "),
+        "---|".repeat(groups.len())
+    );
     for &mutant in MUTANTS {
-        let started = Instant::now();
-        let child = Command::new(std::env::current_exe().expect("own path"))
-            .env("EDGE_OUTBOX_MUTANT", mutant)
-            // Its table is not the one to publish.
-            .env_remove("CRASH_TABLE")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run the harness against a mutant");
-        let out = wait_bounded(ChildGuard::new(child), RUN_LIMIT);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if out.status.is_some_and(|s| s.success()) {
-            println!("crash: mutant {mutant} SURVIVED ({:.1?})", started.elapsed());
-            outcomes.push(Outcome {
-                mutant,
-                caught_by: None,
-                seconds: started.elapsed().as_secs_f64(),
-            });
-            continue;
+        let cells: Vec<String> = groups
+            .iter()
+            .map(|g| match run_one(mutant, Some(g), false).caught_by {
+                Some(_) => "caught".to_owned(),
+                None => "—".to_owned(),
+            })
+            .collect();
+        out.push_str(&format!("| `{mutant}` | {} |\n", cells.join(" | ")));
+    }
+    out
+}
+
+/// Runs this binary with `mutant` switched on (only the scenarios matching `filter`, if given).
+fn run_one(mutant: &'static str, filter: Option<&str>, report: bool) -> Outcome {
+    let started = Instant::now();
+    let mut cmd = Command::new(std::env::current_exe().expect("own path"));
+    cmd.args(filter)
+        .env("EDGE_OUTBOX_MUTANT", mutant)
+        // Its table is not the one to publish.
+        .env_remove("CRASH_TABLE")
+        .env_remove("CRASH_MUTANT_MATRIX")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().expect("run the harness against a mutant");
+    let out = wait_bounded(ChildGuard::new(child), RUN_LIMIT);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let seconds = started.elapsed().as_secs_f64();
+    let scope = filter.map_or(String::new(), |f| format!(" in {f}"));
+    if out.status.is_some_and(|s| s.success()) {
+        if report {
+            println!("crash: mutant {mutant} SURVIVED{scope} ({seconds:.1}s)");
         }
-        // Caught means judged: a scenario's verdict found the breach. A run that ended in a panic
-        // (an assertion of the harness, a bug in it) proves nothing about the mutant.
-        let caught_by = stderr
-            .lines()
-            .skip_while(|l| !l.starts_with("crash: FAILED"))
-            .nth(1)
-            .map(|l| l.trim().to_owned());
-        let Some(caught_by) = caught_by else {
-            let panic = stderr
-                .lines()
-                .skip_while(|l| !l.contains("panicked at"))
-                .nth(1)
-                .unwrap_or("(no reason printed)");
-            println!(
-                "crash: mutant {mutant} NOT CAUGHT: the run failed without a verdict ({:?}): {panic}",
-                out.status
-            );
-            outcomes.push(Outcome {
-                mutant,
-                caught_by: None,
-                seconds: started.elapsed().as_secs_f64(),
-            });
-            continue;
+        return Outcome {
+            mutant,
+            caught_by: None,
+            seconds,
         };
+    }
+    // Caught means judged: a scenario's verdict found the breach. A run that ended in a panic
+    // (an assertion of the harness, a bug in it) proves nothing about the mutant.
+    let caught_by = stderr
+        .lines()
+        .skip_while(|l| !l.starts_with("crash: FAILED"))
+        .nth(1)
+        .map(|l| l.trim().to_owned());
+    let Some(caught_by) = caught_by else {
+        let panic = stderr
+            .lines()
+            .skip_while(|l| !l.contains("panicked at"))
+            .nth(1)
+            .unwrap_or("(no reason printed)");
+        println!(
+            "crash: mutant {mutant}{scope} NOT CAUGHT: the run failed without a verdict ({:?}): {panic}",
+            out.status
+        );
+        return Outcome {
+            mutant,
+            caught_by: None,
+            seconds,
+        };
+    };
+    if report {
         let last = stdout
             .lines()
             .rev()
             .find(|l| l.starts_with("crash: "))
             .unwrap_or("");
-        println!(
-            "crash: mutant {mutant} caught ({:.1?}): {caught_by}\n       last: {last}",
-            started.elapsed()
-        );
-        outcomes.push(Outcome {
-            mutant,
-            caught_by: Some(caught_by),
-            seconds: started.elapsed().as_secs_f64(),
-        });
+        println!("crash: mutant {mutant} caught ({seconds:.1}s): {caught_by}\n       last: {last}");
     }
-    outcomes
+    Outcome {
+        mutant,
+        caught_by: Some(caught_by),
+        seconds,
+    }
 }
 
 /// The outcomes as a Markdown table.

@@ -13,7 +13,7 @@ import uuid
 
 import cbor2
 
-REQUIRED_SCHEMA = 3
+REQUIRED_SCHEMA = 5  # expires_at, epochs and the UUIDv4 id default
 
 
 def connect(db: str) -> sqlite3.Connection:
