@@ -8,9 +8,19 @@
 //! edge-outbox send-command --broker mqtt://127.0.0.1:1883 --topic devices/pump-17/commands/interval \
 //!     --key pump-17 --payload 500            # sample every 500 ms
 //! ```
-//! Stop it with Ctrl-C; what was committed and not yet acknowledged is published next time.
+//! Stop it with Ctrl-C (or SIGTERM): the relay stops cleanly, and what was committed and not yet
+//! acknowledged is published next time.
+//!
+//! Copied into a project of its own, it needs, beside `edge-outbox`:
+//!
+//! ```toml
+//! tracing-subscriber = { version = "0.3", features = ["env-filter"] }
+//! signal-hook = "0.3"
+//! ```
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use edge_outbox::{Error, MqttConfig, Outbox, Relay, RelayConfig};
 
@@ -22,6 +32,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let broker = args.next().unwrap_or_else(|| "127.0.0.1:1883".into());
     let db = args.next().unwrap_or_else(|| "field-device.db".into());
     let (host, port) = broker.rsplit_once(':').ok_or("broker must be HOST:PORT")?;
+
+    // Ctrl-C and SIGTERM only raise a flag; the loop below sees it and shuts the relay down.
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))?;
+    }
 
     let outbox = Outbox::open(&db)?;
     outbox.with_connection(|c| {
@@ -59,7 +75,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(())
     })?;
 
-    for i in 0u64.. {
+    let mut i = 0u64;
+    while !stop.load(Ordering::Relaxed) {
         let celsius = 20.0 + (i % 10) as f64 / 10.0;
         outbox.transaction(|tx| {
             let now = std::time::SystemTime::now()
@@ -74,15 +91,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 r.get(0)
             })
         })?;
-        if i % 10 == 0 {
+        if i.is_multiple_of(10) {
             let s = relay.status()?;
             println!(
                 "connected={} pending={} oldest={:?} acknowledged={}",
                 s.connected, s.store.pending_messages, s.store.oldest_pending_age, s.acknowledged
             );
         }
-        std::thread::sleep(Duration::from_millis(interval));
+        i += 1;
+        // Sleep the interval, but notice a stop within a tenth of a second.
+        let until = Instant::now() + Duration::from_millis(interval);
+        while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(100).min(until - Instant::now()));
+        }
     }
+    println!("stopping: the relay waits briefly for outstanding acknowledgements");
     relay.shutdown()?;
     Ok(())
 }

@@ -5,6 +5,38 @@
 
 use edge_outbox::{ApplyOutcome, Envelope, MessageId, Outbox, Received};
 
+/// The application's own error: a business rule said no, or the outbox failed. A transaction's
+/// closure may return any error type that an `edge_outbox::Error` converts into.
+#[derive(Debug)]
+enum OrderError {
+    Declined(&'static str),
+    Outbox(edge_outbox::Error),
+}
+
+impl From<edge_outbox::Error> for OrderError {
+    fn from(e: edge_outbox::Error) -> Self {
+        OrderError::Outbox(e)
+    }
+}
+
+/// The business rows are written through rusqlite (re-exported by the crate, so its version matches).
+impl From<edge_outbox::rusqlite::Error> for OrderError {
+    fn from(e: edge_outbox::rusqlite::Error) -> Self {
+        OrderError::Outbox(e.into())
+    }
+}
+
+impl std::fmt::Display for OrderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OrderError::Declined(why) => write!(f, "order declined: {why}"),
+            OrderError::Outbox(e) => write!(f, "outbox: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for OrderError {}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let outbox = Outbox::open(dir.path().join("device.db"))?;
@@ -28,7 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let failed = outbox.transaction(|tx| {
         tx.execute("INSERT INTO orders VALUES ('o-2', 99)", [])?;
         tx.publish("orders/placed", "o-2", &("o-2", 99))?;
-        Err::<(), _>(edge_outbox::Error::InvalidConfig("payment declined".into()))
+        Err::<(), _>(OrderError::Declined("payment declined"))
     });
     let orders: i64 =
         outbox.with_connection(|c| c.query_row("SELECT count(*) FROM orders", [], |r| r.get(0)))?;

@@ -9,8 +9,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Everything that can go wrong in edge-outbox.
 ///
 /// Each variant says what failed and, in its message, what to do about it. The wrapped errors of
-/// pre-1.0 crates (rusqlite, rumqttc, ciborium) are reachable through [`std::error::Error::source`]
-/// but their types are not part of this crate's stable API.
+/// pre-1.0 crates (rusqlite, rumqttc, ciborium) are reachable through [`std::error::Error::source`].
+/// rusqlite is part of this crate's API ([`Tx`](crate::Tx) derefs to its transaction, and
+/// [`Outbox::with_connection`](crate::Outbox::with_connection) lends its connection), so the crate
+/// re-exports it as [`edge_outbox::rusqlite`](crate::rusqlite): use that path and its version always
+/// matches. A new rusqlite is a breaking release of this crate. rumqttc and ciborium types are not
+/// part of the API.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {

@@ -23,6 +23,9 @@
 //! # Ok::<(), edge_outbox::Error>(())
 //! ```
 //!
+//! New to the code? `docs/architecture.md` draws the threads, follows one message and one
+//! command through them, and maps the modules.
+//!
 //! The tables are also a documented SQL interface (`docs/schema.md`): any process that speaks
 //! SQLite can enqueue by inserting `(topic, key, payload)` into `outbox`.
 //!
@@ -102,7 +105,6 @@
 //! - `failpoints`: named crash points for the crash tests; never in production builds.
 
 #![forbid(unsafe_code)]
-#![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
 mod cbor;
@@ -121,6 +123,11 @@ mod signed;
 mod store;
 mod time;
 mod topic;
+
+/// The rusqlite this crate is built with: [`Tx`] derefs to its `Transaction` and
+/// [`Outbox::with_connection`] lends its `Connection`. Name its types through this path
+/// (`edge_outbox::rusqlite::params!`, `edge_outbox::rusqlite::Error`) and they always match.
+pub use rusqlite;
 
 pub use commands::send_command;
 pub use envelope::{Envelope, GapCause, GapNotice, MessageId, Published};

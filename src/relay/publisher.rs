@@ -185,7 +185,7 @@ impl Publisher {
             next_tick: now + TICK,
             next_prune: now + self.config.prune_interval,
             next_check: now + self.config.integrity_interval,
-            uptime: UptimeClock::start(),
+            uptime: UptimeClock::start(&self.options),
         };
         let mut stop = self.stop.clone();
         let mut burst = 0;

@@ -253,7 +253,7 @@ pub(crate) fn prune(conn: &Connection, options: &Options, batch: usize) -> Resul
     let cutoff = now_ms().saturating_sub(ms(options.inbox_retention));
     // Old on the uptime clock too (see super::uptime): a wall clock that jumps ahead must not
     // forget an applied id a broker may still redeliver.
-    let uptime_cutoff = super::uptime::now(conn)?.saturating_sub(ms(options.inbox_retention));
+    let uptime_cutoff = super::uptime::cutoff(conn, options, options.inbox_retention)?;
     let batch = i64::try_from(batch).unwrap_or(i64::MAX);
     // A retained command's id is kept while it is the newest retained one on its topic: the
     // broker sends it again at every subscription, and it must be recognised, never applied twice.

@@ -338,7 +338,7 @@ pub(crate) fn prune_sent(conn: &rusqlite::Connection, options: &Options, batch: 
         params![
             now_ms().saturating_sub(ms(retention)),
             i64::try_from(batch).unwrap_or(i64::MAX),
-            super::uptime::now(conn)?.saturating_sub(ms(retention)),
+            super::uptime::cutoff(conn, options, retention)?,
         ],
     )?;
     Ok(n as u64)

@@ -7,47 +7,71 @@
 //! this clock when it was sent, applied or set aside, and is deleted only once it is old on both.
 //!
 //! The clock is the time a relay has run on this file, counted on the monotonic clock and kept in
-//! `edge_outbox_meta` (`uptime_ms`). The relay advances it at most once a minute (one small write)
-//! and when it stops; rows are stamped with the stored value, so a stamp is at most a minute
-//! behind. Time no relay runs is not counted: across downtime, rows are kept longer, never
-//! shorter (retention is a minimum).
+//! `edge_outbox_meta` (`uptime_ms`). The relay writes it forward in steps (one small write per
+//! step) and when it stops; rows are stamped with the stored value. A step is a fraction of the
+//! shortest retention, capped at a minute: short enough that a short retention is honoured on
+//! time, long enough that a retention of days costs a write a minute. A stamp and the stored
+//! clock are each up to one step behind, so a row counts as old only once the clock has passed
+//! its stamp by the retention plus one step: retention is a minimum. Time no relay runs is not
+//! counted: across downtime, rows are kept longer, never shorter.
 
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, params};
 
+use super::options::Options;
 use crate::error::Result;
 use crate::time::ms;
 
 /// The stored value, as SQL: what rows are stamped with.
 pub(crate) const NOW_SQL: &str = "(SELECT value FROM edge_outbox_meta WHERE name = 'uptime_ms')";
 
-/// How often the relay writes the clock forward.
-const PERSIST_EVERY: Duration = Duration::from_secs(60);
+/// The longest step: a device keeping rows for days writes the clock once a minute.
+const LONGEST_STEP: Duration = Duration::from_secs(60);
+/// The shortest step, for retentions of a fraction of a second (tests, mostly).
+const SHORTEST_STEP: Duration = Duration::from_millis(10);
+
+/// How far the stored clock may lag behind, for these options: a quarter of the shortest
+/// retention, within [`SHORTEST_STEP`, `LONGEST_STEP`].
+pub(crate) fn step(options: &Options) -> Duration {
+    let shortest = options
+        .sent_retention
+        .map_or(options.inbox_retention, |s| s.min(options.inbox_retention));
+    (shortest / 4).clamp(SHORTEST_STEP, LONGEST_STEP)
+}
 
 /// The stored uptime, in milliseconds.
 pub(crate) fn now(conn: &Connection) -> Result<i64> {
     Ok(conn.query_row(&format!("SELECT coalesce({NOW_SQL}, 0)"), [], |r| r.get(0))?)
 }
 
+/// The newest stamp a row may carry and be older than `retention` on this clock.
+pub(crate) fn cutoff(conn: &Connection, options: &Options, retention: Duration) -> Result<i64> {
+    Ok(now(conn)?
+        .saturating_sub(ms(retention))
+        .saturating_sub(ms(step(options))))
+}
+
 /// The relay's side: counts the time since it last wrote the clock forward.
 pub(crate) struct UptimeClock {
     since: Instant,
+    step: Duration,
 }
 
 impl UptimeClock {
     /// Starts counting now: the time before this relay started is not counted.
-    pub(crate) fn start() -> Self {
+    pub(crate) fn start(options: &Options) -> Self {
         UptimeClock {
             since: Instant::now(),
+            step: step(options),
         }
     }
 
-    /// Writes the clock forward if a minute has passed since the last write (`force`: whatever
+    /// Writes the clock forward if a step has passed since the last write (`force`: whatever
     /// has passed, at a stop).
     pub(crate) fn advance(&mut self, conn: &Connection, force: bool) -> Result<()> {
         let elapsed = self.since.elapsed();
-        if !force && elapsed < PERSIST_EVERY {
+        if !force && elapsed < self.step {
             return Ok(());
         }
         conn.execute(
@@ -56,5 +80,24 @@ impl UptimeClock {
         )?;
         self.since = Instant::now();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_step_follows_the_shortest_retention_within_its_bounds() {
+        let days = Options::new();
+        assert_eq!(step(&days), LONGEST_STEP);
+        let short_sent = Options::new().sent_retention(Duration::from_millis(200));
+        assert_eq!(step(&short_sent), Duration::from_millis(50));
+        let short_inbox = Options::new()
+            .sent_retention(Duration::from_secs(3600))
+            .inbox_retention(Duration::from_secs(8));
+        assert_eq!(step(&short_inbox), Duration::from_secs(2));
+        let tiny = Options::new().sent_retention(Duration::from_millis(1));
+        assert_eq!(step(&tiny), SHORTEST_STEP);
     }
 }

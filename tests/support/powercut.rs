@@ -865,6 +865,8 @@ fn start(mountpoint: &Path, state: Arc<Mutex<State>>) -> io::Result<BackgroundSe
 /// Unmounts and joins the session thread. A process that has just been forked (by any test
 /// thread of this process) holds copies of our descriptors until it execs, which makes the mount
 /// busy for a moment: retry `EBUSY` for a while, then detach lazily and give up on the thread.
+/// The one `unsafe` of the project, in a test helper: `umount2` has no safe wrapper in `libc`.
+#[allow(unsafe_code)]
 fn unmount(mountpoint: &Path, session: BackgroundSession) -> io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let path = std::ffi::CString::new(mountpoint.as_os_str().as_bytes())?;
