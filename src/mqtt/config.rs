@@ -82,6 +82,7 @@ impl std::str::FromStr for Protocol {
 /// assert!(!format!("{config:?}").contains("secret"));
 /// ```
 #[derive(Clone, PartialEq, Eq)]
+#[must_use = "a builder: use the value it returns"]
 pub struct MqttConfig {
     host: String,
     port: u16,

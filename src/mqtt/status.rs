@@ -279,3 +279,59 @@ impl StatusCell {
         }
     }
 }
+
+/// One line for a log or a terminal: the connection (and the broker of the failover list it is
+/// on), the publishing counters (expired and announced removals when there are any), a damaged
+/// database, the command counters when a command session runs, the last error, then the store
+/// ([`Stats`]'s `Display`).
+///
+/// ```
+/// let status = edge_outbox::Status::default();
+/// assert!(status.to_string().starts_with("disconnected, 0 in flight, 0 acknowledged"));
+/// ```
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let connected = if self.connected {
+            "connected"
+        } else {
+            "disconnected"
+        };
+        write!(f, "{connected}")?;
+        if let Some(broker) = self.broker.as_deref().filter(|_| self.connected) {
+            write!(f, " to {broker}")?;
+        }
+        write!(
+            f,
+            ", {} in flight, {} acknowledged, {} resent, {} dead-lettered",
+            self.in_flight, self.acknowledged, self.resent, self.dead_lettered
+        )?;
+        if self.gaps_announced > 0 || self.expired > 0 {
+            write!(
+                f,
+                ", {} expired, {} removed messages announced",
+                self.expired, self.gaps_announced
+            )?;
+        }
+        if let Some(damage) = &self.database_damaged {
+            write!(f, "; DATABASE DAMAGED: {damage}")?;
+        }
+        if self.commands_connected || self.commands_received > 0 {
+            write!(
+                f,
+                "; commands {}, {} received, {} applied, {} dead-lettered",
+                if self.commands_connected {
+                    "connected"
+                } else {
+                    "disconnected"
+                },
+                self.commands_received,
+                self.commands_applied,
+                self.commands_dead_lettered
+            )?;
+        }
+        if let Some(e) = &self.last_error {
+            write!(f, "; last error: {e}")?;
+        }
+        write!(f, "; store: {}", self.store)
+    }
+}

@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 
 /// TLS settings: which CA to trust and, for mutual TLS, the client's certificate and key (PEM).
 #[derive(Clone, PartialEq, Eq)]
+#[must_use = "a builder: use the value it returns"]
 pub struct TlsConfig {
     ca_pem: Option<Vec<u8>>,
     client_auth: Option<(Vec<u8>, Vec<u8>)>,

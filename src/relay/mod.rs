@@ -52,6 +52,7 @@ use crate::store::{Command, Outbox, Tx, connect};
 /// | [`retained_commands`](Self::retained_commands) | false: retained deliveries are ignored |
 /// | [`integrity_check_interval`](Self::integrity_check_interval) | 1 h |
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a builder: use the value it returns"]
 pub struct RelayConfig {
     pub(crate) mqtt: MqttConfig,
     pub(crate) source: String,
@@ -282,6 +283,7 @@ impl RelayConfig {
 /// relay.shutdown()?;
 /// # Ok::<(), edge_outbox::Error>(())
 /// ```
+#[must_use = "the relay stops when this handle is dropped; keep it, and call `shutdown` to stop it cleanly"]
 pub struct Relay {
     stop: Option<Sender<()>>,
     threads: Vec<JoinHandle<Result<()>>>,

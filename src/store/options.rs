@@ -45,6 +45,7 @@ pub enum OnFull {
 /// no topics starting with `$`. Every topic is checked at enqueue: non-empty, at most 65,535
 /// bytes, no wildcard and no NUL.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a builder: use the value it returns"]
 pub struct Limits {
     max_payload_bytes: usize,
     allow_dollar_topics: bool,
@@ -166,6 +167,7 @@ impl Limits {
 /// | [`integrity_check_budget`](Self::integrity_check_budget) | 1 s |
 /// | [`salvage_on_corruption`](Self::salvage_on_corruption) | true |
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a builder: use the value it returns"]
 pub struct Options {
     pub(crate) synchronous: Synchronous,
     pub(crate) busy_timeout: Duration,

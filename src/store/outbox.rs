@@ -32,6 +32,14 @@ pub struct Tx<'c> {
     payload: Vec<u8>,
 }
 
+impl std::fmt::Debug for Tx<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tx")
+            .field("published", &self.ids)
+            .finish_non_exhaustive()
+    }
+}
+
 impl<'c> Tx<'c> {
     pub(crate) fn new(tx: Transaction<'c>, limits: &'c Limits) -> Self {
         Tx {
@@ -105,6 +113,7 @@ impl<'c> Deref for Tx<'c> {
 /// # Ok::<(), edge_outbox::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a message is only sent by `Tx::send`"]
 pub struct Message {
     topic: String,
     key: String,

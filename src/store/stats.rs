@@ -88,3 +88,36 @@ fn read_now(conn: &Connection) -> Result<Stats> {
         )?,
     })
 }
+
+/// One line for a log or a terminal:
+/// `12 pending (3456 B, oldest 5.2s), 0 evicted, 0 dead letters, inbox 0 unapplied / 1 applied`,
+/// then `, 2 gaps to announce` and `, salvaged 1 times` when there are any.
+///
+/// ```
+/// let stats = edge_outbox::Stats::default();
+/// assert_eq!(
+///     stats.to_string(),
+///     "0 pending (0 B), 0 evicted, 0 dead letters, inbox 0 unapplied / 0 applied"
+/// );
+/// ```
+impl std::fmt::Display for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} pending ({} B", self.pending_messages, self.pending_bytes)?;
+        if let Some(age) = self.oldest_pending_age {
+            write!(f, ", oldest {:.1}s", age.as_secs_f64())?;
+        }
+        write!(
+            f,
+            "), {} evicted, {} dead letters, inbox {} unapplied / {} applied",
+            self.evicted, self.dead_letters, self.inbox_unapplied, self.inbox_applied
+        )?;
+        // What the cloud has not been told yet, and a past salvage: only when there is any.
+        if self.gaps_unannounced > 0 {
+            write!(f, ", {} gaps to announce", self.gaps_unannounced)?;
+        }
+        if self.salvaged > 0 {
+            write!(f, ", salvaged {} times", self.salvaged)?;
+        }
+        Ok(())
+    }
+}
