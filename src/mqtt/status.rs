@@ -286,8 +286,11 @@ impl StatusCell {
 /// ([`Stats`]'s `Display`).
 ///
 /// ```
-/// let status = edge_outbox::Status::default();
+/// let mut status = edge_outbox::Status::default();
 /// assert!(status.to_string().starts_with("disconnected, 0 in flight, 0 acknowledged"));
+/// status.connected = true;
+/// status.broker = Some("broker-b.example:1883".into());
+/// assert!(status.to_string().starts_with("connected to broker-b.example:1883, 0 in flight"));
 /// ```
 impl std::fmt::Display for Status {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

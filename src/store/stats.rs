@@ -94,11 +94,13 @@ fn read_now(conn: &Connection) -> Result<Stats> {
 /// then `, 2 gaps to announce` and `, salvaged 1 times` when there are any.
 ///
 /// ```
-/// let stats = edge_outbox::Stats::default();
+/// let mut stats = edge_outbox::Stats::default();
 /// assert_eq!(
 ///     stats.to_string(),
 ///     "0 pending (0 B), 0 evicted, 0 dead letters, inbox 0 unapplied / 0 applied"
 /// );
+/// stats.gaps_unannounced = 2;
+/// assert!(stats.to_string().ends_with("0 applied, 2 gaps to announce"));
 /// ```
 impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
