@@ -50,6 +50,10 @@ type BenchResult<T = ()> = Result<T, Box<dyn StdError + Send + Sync>>;
 /// Writer threads: each commits for its share of the devices.
 const WRITERS: usize = 4;
 
+/// Where a device outside the fleet publishes until the subscriber is seen to receive: its
+/// messages are not fed to the consumer.
+const PROBE_TOPIC: &str = "fleet/probe";
+
 /// What the cloud side has seen.
 #[derive(Default)]
 struct Cloud {
@@ -57,6 +61,8 @@ struct Cloud {
     /// Per source: arrival wall time minus `ts`, in ms.
     lags: HashMap<String, Vec<f64>>,
     received: u64,
+    /// A probe arrived: the subscription is in place.
+    probed: bool,
     last_arrival: Option<Instant>,
     malformed: u64,
 }
@@ -125,9 +131,13 @@ fn main() -> BenchResult {
         let addr = broker.addr();
         thread::spawn(move || {
             let mqtt = MqttConfig::new(addr.ip().to_string(), addr.port()).client_id("fleet-cloud");
-            edge_outbox::subscribe(&mqtt, &["fleet/#".into()], true, &stop_rx, |_topic, payload| {
+            edge_outbox::subscribe(&mqtt, &["fleet/#".into()], true, &stop_rx, |topic, payload| {
                 let arrived = now_ms();
                 let mut c = cloud.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                if topic == PROBE_TOPIC {
+                    c.probed = true;
+                    return;
+                }
                 c.received += 1;
                 c.last_arrival = Some(Instant::now());
                 match c.consumer.observe_bytes(payload) {
@@ -141,6 +151,21 @@ fn main() -> BenchResult {
             })
         })
     };
+    // The subscription must be in place before the fleet writes (its session does not exist
+    // before its first connection): a probe publishes until the subscriber sees one.
+    {
+        let probe = Outbox::open(dir.path().join("probe.db"))?;
+        let relay = Relay::start(&probe, relay_config(broker.addr(), "fleet-probe"))?;
+        let subscribed = wait(Duration::from_secs(30), || {
+            let _ = probe.transaction(|tx| tx.publish(PROBE_TOPIC, "", &0u8));
+            thread::sleep(Duration::from_millis(200));
+            cloud.lock().map(|c| c.probed).unwrap_or(false)
+        });
+        relay.shutdown()?;
+        if !subscribed {
+            return Err("the cloud subscriber received no probe in 30 s".into());
+        }
+    }
     let rss_before = peak_rss_kib();
 
     let mut devices = Vec::with_capacity(devices_n);
@@ -154,18 +179,6 @@ fn main() -> BenchResult {
             relay: Some(relay),
             committed: AtomicU64::new(0),
         });
-        if i == 0 {
-            // The subscription must be in place before the fleet writes: a first message through.
-            devices[0]
-                .outbox
-                .transaction(|tx| tx.publish("fleet/dev-000/events", "k0", &0u64))?;
-            devices[0].committed.store(1, Ordering::SeqCst);
-            if !wait(Duration::from_secs(30), || {
-                cloud.lock().map(|c| c.received > 0).unwrap_or(false)
-            }) {
-                return Err("the cloud subscriber received nothing in 30 s".into());
-            }
-        }
     }
     let devices = Arc::new(devices);
     println!("fleet: {devices_n} relays connected or connecting; writing");
