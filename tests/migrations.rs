@@ -16,6 +16,21 @@ fn schema_version(outbox: &Outbox) -> TestResult<i64> {
     )
 }
 
+/// The rows of `edge_outbox_meta`, by name: one each, however often the file was opened.
+fn meta_names(outbox: &Outbox) -> TestResult<Vec<String>> {
+    Ok(outbox.with_connection(|c| {
+        c.prepare("SELECT name FROM edge_outbox_meta ORDER BY name")?
+            .query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()
+    })?)
+}
+
+/// Back to what version 2 wrote: no uptime clock, no stamps.
+const TO_VERSION_2: &str = "ALTER TABLE outbox_sent DROP COLUMN sent_uptime;
+     ALTER TABLE inbox DROP COLUMN done_uptime;
+     DELETE FROM edge_outbox_meta WHERE name = 'uptime_ms';
+     UPDATE edge_outbox_meta SET value = 2 WHERE name = 'schema_version';";
+
 /// Every table, index and trigger, as SQLite stores their definitions.
 fn schema_sql(outbox: &Outbox) -> TestResult<Vec<(String, String)>> {
     Ok(outbox.with_connection(|c| {
@@ -88,13 +103,7 @@ fn reopening_is_idempotent_and_keeps_data() -> TestResult {
         let again = Outbox::open(&path)?;
         assert_eq!(schema_version(&again)?, SCHEMA_VERSION);
         assert_eq!(schema_sql(&again)?, schema, "reopening changed the schema");
-        assert_eq!(
-            query_i64(
-                &again,
-                "SELECT count(*) FROM edge_outbox_meta WHERE name = 'schema_version'"
-            )?,
-            1
-        );
+        assert_eq!(meta_names(&again)?, ["file_id", "schema_version", "uptime_ms"]);
         assert_eq!(
             query_i64(&again, "SELECT count(*) FROM edge_outbox_epochs")?,
             1,
@@ -138,11 +147,8 @@ fn handles_racing_to_open_a_new_file_migrate_it_once() -> TestResult {
             assert_eq!(schema_version(outbox)?, SCHEMA_VERSION);
         }
         assert_eq!(
-            query_i64(
-                &handles[0],
-                "SELECT count(*) FROM edge_outbox_meta WHERE name = 'schema_version'"
-            )?,
-            1
+            meta_names(&handles[0])?,
+            ["file_id", "schema_version", "uptime_ms"]
         );
         assert_eq!(
             query_i64(&handles[0], "SELECT count(*) FROM edge_outbox_epochs")?,
@@ -292,7 +298,7 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
         let conn = rusqlite::Connection::open(&path)?;
         down_to_4(&conn)?;
         conn.execute_batch(DOWN_TO_3)?;
-        conn.execute_batch(DOWN_TO_2)?;
+        conn.execute_batch(TO_VERSION_2)?;
         conn.execute_batch(
             "DROP INDEX inbox_claimed;
              DROP INDEX inbox_retained;
@@ -328,15 +334,9 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
     Ok(())
 }
 
-/// Version 4 undone: on this branch it adds nothing (it is issue 14's counters).
+/// Version 4 undone (after [`down_to_4`]): on this branch it adds nothing (it is issue 14's
+/// counters); then [`TO_VERSION_2`] undoes version 3.
 const DOWN_TO_3: &str = "UPDATE edge_outbox_meta SET value = 3 WHERE name = 'schema_version';";
-
-/// Version 3's uptime clock undone (after [`DOWN_TO_3`]): what version 2 wrote.
-const DOWN_TO_2: &str = "
-    ALTER TABLE outbox_sent DROP COLUMN sent_uptime;
-    ALTER TABLE inbox DROP COLUMN done_uptime;
-    DELETE FROM edge_outbox_meta WHERE name = 'uptime_ms';
-    UPDATE edge_outbox_meta SET value = 2 WHERE name = 'schema_version';";
 
 /// Undoes migration 5 on `conn`'s file: what a version 4 build left.
 fn down_to_4(conn: &rusqlite::Connection) -> TestResult {
@@ -417,5 +417,65 @@ fn a_version_4_outbox_is_migrated_to_version_5_and_its_numbering_carries_on() ->
     assert_eq!(&hex[12..13], "4", "version nibble of {hex}");
     assert!(["8", "9", "A", "B"].contains(&&hex[16..17]), "variant of {hex}");
     assert_eq!(outbox.stats()?.pending_messages, 3);
+    Ok(())
+}
+
+/// A file written by version 2 (no uptime clock) is migrated in place: the clock starts at zero,
+/// and rows acknowledged or applied before have no stamp, so only the wall clock decides when they
+/// are old: an old sent row is pruned, a recent one kept, and the applied command's id is kept.
+#[test]
+fn a_version_2_file_gets_the_uptime_clock_and_its_unstamped_rows_age_on_the_wall_clock() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    let applied = edge_outbox::MessageId::new_v7();
+    let hour = std::time::Duration::from_secs(3600);
+    let options = || Options::new().sent_retention(hour).inbox_retention(hour);
+    {
+        let outbox = Outbox::open_with(&path, options())?;
+        outbox.receive("cmd", &common::command_bytes(applied, "k", &3)?)?;
+        outbox.apply_next(|_tx, _cmd| Ok::<_, Error>(()))?;
+        drop(outbox);
+        let conn = rusqlite::Connection::open(&path)?;
+        down_to_4(&conn)?;
+        conn.execute_batch(DOWN_TO_3)?;
+        conn.execute_batch(TO_VERSION_2)?;
+        let now = common::now_ms();
+        conn.execute(
+            "INSERT INTO outbox_sent (seq, id, topic, key, payload, created_at, sent_at)
+             VALUES (1, randomblob(16), 't', 'old', x'00', 0, 0),
+                    (2, randomblob(16), 't', 'recent', x'00', ?1, ?1)",
+            [now],
+        )?;
+    }
+    let outbox = Outbox::open_with(&path, options())?;
+    assert_eq!(schema_version(&outbox)?, SCHEMA_VERSION);
+    assert_eq!(meta_names(&outbox)?, ["file_id", "schema_version", "uptime_ms"]);
+    assert_eq!(
+        query_i64(
+            &outbox,
+            "SELECT value FROM edge_outbox_meta WHERE name = 'uptime_ms'"
+        )?,
+        0
+    );
+    assert_eq!(
+        query_i64(
+            &outbox,
+            "SELECT count(*) FROM outbox_sent WHERE sent_uptime IS NULL"
+        )?,
+        2
+    );
+    outbox.prune()?;
+    let kept: Vec<String> = outbox.with_connection(|c| {
+        c.prepare("SELECT key FROM outbox_sent ORDER BY seq")?
+            .query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()
+    })?;
+    assert_eq!(kept, ["recent"]);
+    assert_eq!(
+        query_i64(
+            &outbox,
+            "SELECT count(*) FROM inbox WHERE applied_at IS NOT NULL AND done_uptime IS NULL"
+        )?,
+        1
+    );
     Ok(())
 }

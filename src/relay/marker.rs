@@ -1,9 +1,10 @@
 //! The marker: a thread with its own connection that marks acknowledged rows (deletes them, or
 //! moves them to `outbox_sent`), so that the publisher never waits for a write.
 //!
-//! Marking was about two fifths of the publisher's time in a backlog drain, and SQLite's
-//! checkpoints run inside the commit that takes the WAL past 1000 pages: 10 to 20 ms, once every
-//! few thousand rows. While the publisher marked, PUBACKs queued and the in-flight window ran dry.
+//! Marking was a large share of the publisher's time in a backlog drain, and SQLite runs its
+//! checkpoints inside the commit that takes the WAL past its limit, a pause every few thousand
+//! rows (`cargo bench --bench relay` measures the drain). While the publisher marked, PUBACKs queued
+//! and the in-flight window ran dry.
 //! Here marks and checkpoints only delay marks: the publisher hands over each batch of
 //! acknowledged sequence numbers and goes back to keeping the window full.
 //!

@@ -262,14 +262,14 @@ pub(crate) fn prune(conn: &Connection, options: &Options, batch: usize) -> Resul
     let applied = conn.execute(
         &format!(
             "DELETE FROM inbox WHERE seq IN (SELECT seq FROM inbox WHERE applied_at < ?1 AND {REPLACED}
-             AND coalesce(done_uptime, 0) <= ?3 LIMIT ?2)"
+             AND (done_uptime IS NULL OR done_uptime <= ?3) LIMIT ?2)"
         ),
         params![cutoff, batch, uptime_cutoff],
     )?;
     let dropped = conn.execute(
         &format!(
             "DELETE FROM inbox WHERE seq IN (SELECT seq FROM inbox WHERE dead_at < ?1 AND {REPLACED}
-             AND coalesce(done_uptime, 0) <= ?3 AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = 'inbox' AND d.message_id = inbox.id)
+             AND (done_uptime IS NULL OR done_uptime <= ?3) AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = 'inbox' AND d.message_id = inbox.id)
              LIMIT ?2)"
         ),
         params![cutoff, batch, uptime_cutoff],

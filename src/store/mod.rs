@@ -11,6 +11,7 @@ mod open;
 mod options;
 pub(crate) mod outbox;
 mod reentry;
+mod requeue;
 mod salvage;
 mod schema;
 mod stats;
@@ -298,7 +299,7 @@ impl Outbox {
     pub fn retry_dead_letter(&self, dead_letter_id: i64) -> Result<()> {
         self.check_can_write("Outbox::retry_dead_letter")?;
         let _turn = self.enter_gate()?;
-        dead_letters::retry(&mut self.lock(), &self.shared.options, dead_letter_id)?;
+        requeue::retry(&mut self.lock(), &self.shared.options, dead_letter_id)?;
         self.wake_relay();
         Ok(())
     }

@@ -343,7 +343,7 @@ pub(crate) fn prune_sent(conn: &rusqlite::Connection, options: &Options, batch: 
     };
     let n = conn.execute(
         "DELETE FROM outbox_sent WHERE seq IN (SELECT seq FROM outbox_sent
-             WHERE sent_at < ?1 AND coalesce(sent_uptime, 0) <= ?3 LIMIT ?2)",
+             WHERE sent_at < ?1 AND (sent_uptime IS NULL OR sent_uptime <= ?3) LIMIT ?2)",
         params![
             now_ms().saturating_sub(ms(retention)),
             i64::try_from(batch).unwrap_or(i64::MAX),

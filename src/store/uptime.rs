@@ -45,11 +45,17 @@ pub(crate) fn now(conn: &Connection) -> Result<i64> {
     Ok(conn.query_row(&format!("SELECT coalesce({NOW_SQL}, 0)"), [], |r| r.get(0))?)
 }
 
-/// The newest stamp a row may carry and be older than `retention` on this clock.
+/// The newest stamp a row may carry and be older than `retention` on this clock. A retention of
+/// zero means at once, with no allowance for the step (and whether or not a relay runs).
 pub(crate) fn cutoff(conn: &Connection, options: &Options, retention: Duration) -> Result<i64> {
+    let allowance = if retention.is_zero() {
+        Duration::ZERO
+    } else {
+        step(options)
+    };
     Ok(now(conn)?
         .saturating_sub(ms(retention))
-        .saturating_sub(ms(step(options))))
+        .saturating_sub(ms(allowance)))
 }
 
 /// The relay's side: counts the time since it last wrote the clock forward.
