@@ -262,3 +262,37 @@ fn a_refused_password_is_reported_without_it() {
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
+
+/// Every malformed broker URL the CLI refuses, whatever is wrong with it (no scheme, as an
+/// operator types it; a port that is not a number; TLS options on a plain URL), is a usage error
+/// that shows the URL with its password replaced.
+#[test]
+fn a_refused_broker_url_never_shows_its_password() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let ca = tmp.path().join("ca.pem");
+    std::fs::write(&ca, "not a certificate").expect("ca file");
+    let cases: [(&str, Vec<String>); 4] = [
+        ("no scheme", vec![format!("{USER}:{SECRET}@127.0.0.1:1883")]),
+        ("no scheme, no port", vec![format!("{USER}:{SECRET}@broker")]),
+        ("a bad port", vec![format!("mqtt://{USER}:{SECRET}@h:notaport")]),
+        (
+            "--ca on a plain URL",
+            vec![
+                format!("mqtt://{USER}:{SECRET}@127.0.0.1:1883"),
+                "--ca".into(),
+                ca.display().to_string(),
+            ],
+        ),
+    ];
+    for (what, broker_args) in cases {
+        let mut args = vec!["relay", "--client-id", "x", "--broker"];
+        args.extend(broker_args.iter().map(String::as_str));
+        let out = run(&tmp.path().join("device.db"), &args);
+        assert_eq!(out.status.code(), Some(2), "{what}: {}", text(&out));
+        assert!(
+            !text(&out).contains(SECRET),
+            "{what}: the password is printed:\n{}",
+            text(&out)
+        );
+    }
+}

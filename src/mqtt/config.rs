@@ -410,17 +410,15 @@ fn endpoint(host: &str, port: u16) -> String {
 
 /// `url` with any password replaced by `***`, for error messages.
 pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    // Without a scheme too: an operator who types `user:secret@host` gets an error naming it.
+    let (scheme, rest) = url.split_once("://").map_or(("", url), |(s, r)| (s, r));
+    let Some((userinfo, hostport)) = rest.rsplit_once('@') else {
         return url.to_owned();
     };
-    match rest.rsplit_once('@') {
-        Some((userinfo, hostport)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
-            let password = if userinfo.contains(':') { ":***" } else { "" };
-            format!("{scheme}://{user}{password}@{hostport}")
-        }
-        None => url.to_owned(),
-    }
+    let separator = if url.contains("://") { "://" } else { "" };
+    let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+    let password = if userinfo.contains(':') { ":***" } else { "" };
+    format!("{scheme}{separator}{user}{password}@{hostport}")
 }
 
 /// Decodes `%XX` escapes; `None` on a malformed escape or bytes that are not UTF-8.
@@ -444,6 +442,20 @@ fn percent_decode(s: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_redacted_url_keeps_the_user_and_hides_the_password_with_or_without_a_scheme() {
+        for (url, shown) in [
+            ("mqtt://u:pw@h:1", "mqtt://u:***@h:1"),
+            ("u:pw@h:1", "u:***@h:1"),
+            ("u:p@w@h", "u:***@h"),
+            ("mqtts://u@h", "mqtts://u@h"),
+            ("mqtt://h:1", "mqtt://h:1"),
+            ("h:1", "h:1"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
 
     #[test]
     fn urls_parse_or_say_why() {

@@ -80,8 +80,9 @@ impl BrokerArgs {
         mqtt = mqtt.protocol(protocol);
         if self.ca.is_some() || client_auth.is_some() {
             if !mqtt.uses_tls() {
+                // Named by host and port: the URL itself may carry a password.
                 return Err(CliError::usage(format!(
-                    "a CA and client certificates need an mqtts:// broker URL, not mqtt:// ({}:{})",
+                    "a CA and client certificates need an mqtts:// broker URL, not mqtt://{}:{}",
                     mqtt.host(),
                     mqtt.port()
                 )));
