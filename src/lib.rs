@@ -121,7 +121,10 @@ pub mod metrics;
 mod mqtt;
 #[doc(hidden)]
 pub mod mutant;
+mod publish;
 mod relay;
+mod relay_config;
+mod report;
 #[cfg(feature = "signed-commands")]
 mod signed;
 mod store;
@@ -138,7 +141,9 @@ pub use envelope::{Envelope, GapCause, GapNotice, MessageId, Published};
 pub use error::{Error, Result};
 pub use mqtt::status::AckLatency;
 pub use mqtt::{MqttConfig, Protocol, TlsConfig, subscribe};
-pub use relay::{Relay, RelayConfig, RelayReport, Status};
+pub use relay::{Relay, Status};
+pub use relay_config::RelayConfig;
+pub use report::RelayReport;
 #[cfg(feature = "signed-commands")]
 pub use signed::{CommandSigner, TrustedKeys};
 pub use store::{

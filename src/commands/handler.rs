@@ -13,7 +13,7 @@ use rusqlite::Connection;
 use crate::error::Result;
 use crate::mqtt::backoff::Backoff;
 use crate::mqtt::status::{Source, StatusCell};
-use crate::relay::{Unsettled, rows};
+use crate::store::watch::{Unsettled, data_version};
 use crate::store::{
     Applier, ApplyOutcome, Command, Outbox, RELAY_OWNER, Tx, connect, recover_relay_attempts, run_next,
 };
@@ -93,7 +93,7 @@ pub(crate) fn run_handler(
         if stop.try_recv() != Err(TryRecvError::Empty) {
             return Ok(());
         }
-        let data_version = |conn: &Option<Connection>| conn.as_ref().and_then(|c| rows::data_version(c).ok());
+        let data_version = |conn: &Option<Connection>| conn.as_ref().and_then(|c| data_version(c).ok());
         if unsettled.is_active() {
             // Try at once after a change, then again each time another commit shows.
             let now = data_version(&conn);

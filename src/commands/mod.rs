@@ -2,13 +2,11 @@
 //! acknowledging it, and an optional handler thread that applies them.
 
 mod delivery;
-mod filter;
 mod handler;
 mod send;
 mod session;
 
 pub(crate) use delivery::DeliveryLimits;
-pub(crate) use filter::validate as validate_filter;
 pub(crate) use handler::{Handler, TwoPhase, run_handler};
 pub use send::send_command;
 pub(crate) use session::CommandSession;

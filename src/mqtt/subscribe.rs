@@ -51,7 +51,7 @@ pub fn subscribe(
         ));
     }
     for filter in filters {
-        crate::commands::validate_filter(filter)?;
+        crate::topic::validate_filter(filter)?;
     }
     let options = SessionOptions::new(
         mqtt,

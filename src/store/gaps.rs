@@ -7,6 +7,10 @@ use rusqlite::{Connection, params};
 use crate::error::Result;
 use crate::time::now_ms;
 
+/// Where a notice goes when the removed message's own topic cannot be published to (the reason
+/// it was dead-lettered may be a wildcard in it).
+pub(crate) const FALLBACK_TOPIC: &str = "edge-outbox/gaps";
+
 /// Why a message was removed unpublished, as stored in `outbox_gaps.cause` and sent in the notice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Removal {

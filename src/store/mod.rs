@@ -12,11 +12,13 @@ mod open;
 mod options;
 pub(crate) mod outbox;
 mod reentry;
+pub(crate) mod relay_lock;
 mod requeue;
 mod salvage;
 mod schema;
 mod stats;
 pub(crate) mod uptime;
+pub(crate) mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicI64;

@@ -98,7 +98,7 @@ pub(crate) fn finish_interrupted(path: &Path) -> Result<()> {
 
 /// Salvages the damaged file at `path`: see the module docs. No relay may run on it.
 pub(crate) fn salvage(path: &Path, options: &Options, why: &str) -> Result<Salvaged> {
-    let _lock = crate::relay::lock_for_salvage(path)?;
+    let _lock = super::relay_lock::RelayLock::acquire(path)?;
     let fresh = temporary(path);
     for leftover in [fresh.clone(), sibling(&fresh, "-wal"), sibling(&fresh, "-shm")] {
         match std::fs::remove_file(&leftover) {
@@ -305,12 +305,7 @@ fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged) -> Result<
                     tx.execute(
                         "INSERT OR IGNORE INTO main.outbox_gaps (seq, last_seq, topic, cause, why)
                          VALUES (?1, ?2, ?3, ?4, 'unreadable after the database file was damaged')",
-                        params![
-                            a,
-                            b,
-                            crate::relay::GAP_FALLBACK_TOPIC,
-                            Removal::Unrecoverable.as_sql()
-                        ],
+                        params![a, b, super::gaps::FALLBACK_TOPIC, Removal::Unrecoverable.as_sql()],
                     )?;
                     report.unrecoverable.push((a, b));
                 }

@@ -1,6 +1,10 @@
 //! The rules a topic name must follow to be published: one check for the write path, the relay
 //! (rows written through the SQL contract) and configured topics.
 
+mod filter;
+
+pub(crate) use filter::validate as validate_filter;
+
 use crate::error::{Error, Result};
 
 /// MQTT encodes a topic's length in 16 bits.

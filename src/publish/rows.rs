@@ -250,9 +250,3 @@ pub(crate) fn expire(conn: &mut Connection, expired: &mut Vec<i64>) -> Result<u6
     }
     Ok(n)
 }
-
-/// The database's change counter as this connection sees it: it moves when another connection
-/// commits, which is how rows written by other processes are noticed without scanning.
-pub(crate) fn data_version(conn: &Connection) -> Result<i64> {
-    Ok(conn.query_row("PRAGMA data_version", [], |r| r.get(0))?)
-}

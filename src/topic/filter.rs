@@ -1,5 +1,6 @@
-//! Checking a topic filter when the command session is configured, so a bad one is an
-//! [`Error::InvalidConfig`] at start rather than a refused subscription later.
+//! Checking a topic filter before subscribing with it (the relay's command session, a cloud-side
+//! subscriber), so a bad one is an [`Error::InvalidConfig`] at start rather than a refused
+//! subscription later.
 
 use crate::error::{Error, Result};
 
@@ -10,11 +11,7 @@ const MAX_FILTER_BYTES: usize = 65_535;
 /// of UTF-8, no NUL or other control character, `+` only as a whole level, `#` only as the whole
 /// last level.
 pub(crate) fn validate(filter: &str) -> Result<()> {
-    let bad = |why: String| {
-        Err(Error::InvalidConfig(format!(
-            "command topic filter {filter:?}: {why}"
-        )))
-    };
+    let bad = |why: String| Err(Error::InvalidConfig(format!("topic filter {filter:?}: {why}")));
     if filter.is_empty() {
         return bad("it is empty".into());
     }

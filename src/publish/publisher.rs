@@ -28,12 +28,10 @@ use crossbeam_channel::{Receiver, select};
 use rumqttc::QoS;
 use rusqlite::Connection;
 
-use super::RelayConfig;
 use super::durability::Barrier;
 use super::gaps;
 use super::marker::Marks;
 use super::rows::{self, Encoding, Ready, Sinks, Unpublishable};
-use super::watch::Unsettled;
 use crate::error::Result;
 use crate::mqtt::backoff::Backoff;
 use crate::mqtt::driver::{Link, SessionHandle, Signal};
@@ -41,9 +39,11 @@ use crate::mqtt::event::{Cause, CauseKind, Event, PubAck, Verdict};
 use crate::mqtt::status::{Source, StatusCell};
 use crate::mqtt::tracker::{Seq, Tracker};
 use crate::mqtt::{Aliases, MqttClient, Protocol};
+use crate::relay_config::RelayConfig;
 use crate::store::Options;
 use crate::store::epoch::Epochs;
 use crate::store::uptime::UptimeClock;
+use crate::store::watch::{Unsettled, data_version};
 
 pub(crate) struct Publisher {
     pub conn: Connection,
@@ -56,7 +56,7 @@ pub(crate) struct Publisher {
     pub events: Receiver<Signal>,
     pub session: Arc<SessionHandle>,
     pub wake: Receiver<()>,
-    /// Changes to the file by anyone (see `super::watch`); `None` where it is not watched.
+    /// Changes to the file by anyone (see `crate::store::watch`); `None` where it is not watched.
     pub changes: Option<Receiver<()>>,
     pub stop: Receiver<()>,
     pub status: Arc<StatusCell>,
@@ -193,7 +193,7 @@ impl Publisher {
             quota_backoff: Backoff::new(self.config.backoff_min, self.config.backoff_max),
             quota_error: false,
             aliases_off: false,
-            data_version: rows::data_version(&self.conn)?,
+            data_version: data_version(&self.conn)?,
             unsettled: Unsettled::default(),
             stopping: None,
             next_prune: now + self.config.prune_interval,
@@ -852,7 +852,7 @@ impl Publisher {
         if std::mem::take(&mut s.read_failed) {
             s.at_end = false;
         }
-        match rows::data_version(&self.conn) {
+        match data_version(&self.conn) {
             Ok(v) if v != s.data_version => {
                 s.data_version = v;
                 s.at_end = false;
@@ -874,6 +874,3 @@ fn release_notices(held: &mut BTreeMap<i64, Ready>, ready: &mut VecDeque<Ready>,
         ready.push_back(entry.remove());
     }
 }
-
-/// Shutdown waits at most this long for in-flight PUBACKs by default.
-pub(crate) const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);

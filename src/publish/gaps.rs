@@ -24,10 +24,6 @@ use crate::store::Options;
 /// device writing a million messages a second would need 146,000 years to reach 2^62).
 pub(crate) const TOKEN_BASE: i64 = 1 << 62;
 
-/// Where a notice goes when the removed message's own topic cannot be published to (the reason
-/// it was dead-lettered may be a wildcard in it).
-pub(crate) const FALLBACK_TOPIC: &str = "edge-outbox/gaps";
-
 /// A notice's reason text is cut to this many bytes: it names a dead letter's cause, and must
 /// not make the notice too large to publish.
 const WHY_MAX: usize = 256;
@@ -136,7 +132,7 @@ fn encode(cfg: &Encoding<'_>, first: &GapRow, last_seq: i64, token: i64) -> Read
     );
     let topic = match crate::topic::check(&first.topic, cfg.allow_dollar) {
         Ok(()) => first.topic.clone(),
-        Err(_) => FALLBACK_TOPIC.to_owned(),
+        Err(_) => crate::store::gaps::FALLBACK_TOPIC.to_owned(),
     };
     Ready {
         seq: token,

@@ -1,0 +1,278 @@
+//! How a relay runs: [`RelayConfig`], read by the publisher and the command session that the
+//! [`Relay`](crate::Relay) starts. Its own module so that both stand on it without importing the
+//! handle that starts them.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::mqtt::MqttConfig;
+use crate::topic::validate_filter;
+
+/// Shutdown waits at most this long for in-flight PUBACKs by default.
+pub(crate) const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How the relay runs. Setters return `Self`; [`Relay::start`](crate::Relay::start) validates.
+///
+/// | setting | default |
+/// |---|---|
+/// | [`source`](Self::source) | the MQTT client id |
+/// | [`max_in_flight`](Self::max_in_flight) | 100 |
+/// | [`poll_interval`](Self::poll_interval) | 50 ms (where the file cannot be watched) |
+/// | [`reconnect_backoff`](Self::reconnect_backoff) | 100 ms doubling to 30 s, with jitter |
+/// | [`shutdown_timeout`](Self::shutdown_timeout) | 5 s |
+/// | [`prune_interval`](Self::prune_interval) | 10 min |
+/// | [`ack_timeout`](Self::ack_timeout) | 60 s |
+/// | [`poison_disconnects`](Self::poison_disconnects) | 3 |
+/// | [`commands`](Self::commands) | none: publish only, one MQTT session |
+/// | [`max_command_bytes`](Self::max_command_bytes) | 64 KiB |
+/// | [`command_read_limit`](Self::command_read_limit) | 16 MiB |
+/// | [`retained_commands`](Self::retained_commands) | false: retained deliveries are ignored |
+/// | [`status_file`](Self::status_file) | false |
+/// | `metrics_file` (feature `metrics`) | none |
+/// | [`integrity_check_interval`](Self::integrity_check_interval) | 1 h |
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a builder: use the value it returns"]
+pub struct RelayConfig {
+    pub(crate) mqtt: MqttConfig,
+    pub(crate) source: String,
+    pub(crate) max_in_flight: usize,
+    pub(crate) poll_interval: Duration,
+    pub(crate) backoff_min: Duration,
+    pub(crate) backoff_max: Duration,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) prune_interval: Duration,
+    pub(crate) ack_timeout: Duration,
+    pub(crate) poison_disconnects: u32,
+    pub(crate) commands: Option<String>,
+    pub(crate) commands_client_id: Option<String>,
+    pub(crate) max_command_bytes: usize,
+    pub(crate) command_read_limit: usize,
+    pub(crate) retained_commands: bool,
+    pub(crate) status_file: bool,
+    pub(crate) metrics_file: Option<std::path::PathBuf>,
+    pub(crate) integrity_interval: Duration,
+}
+
+impl RelayConfig {
+    /// A relay publishing to the broker in `mqtt`.
+    pub fn new(mqtt: MqttConfig) -> Self {
+        RelayConfig {
+            source: mqtt.id().to_owned(),
+            mqtt,
+            max_in_flight: 100,
+            poll_interval: Duration::from_millis(50),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(30),
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            prune_interval: Duration::from_secs(600),
+            ack_timeout: Duration::from_secs(60),
+            poison_disconnects: 3,
+            commands: None,
+            commands_client_id: None,
+            max_command_bytes: 64 * 1024,
+            command_read_limit: 16 * 1024 * 1024,
+            retained_commands: false,
+            status_file: false,
+            metrics_file: None,
+            integrity_interval: Duration::from_secs(3600),
+        }
+    }
+
+    /// Write `<db>.relay-status.json` while running, as `edge-outbox relay` does, so that
+    /// `edge-outbox status` (and any other process: [`RelayReport::read`](crate::RelayReport::read)) sees this relay's
+    /// connection, counters and current error (default false). It is rewritten when something
+    /// changes (at most once a second) and at least every 30 s, and removed at shutdown.
+    pub fn status_file(mut self, on: bool) -> Self {
+        self.status_file = on;
+        self
+    }
+
+    /// Keep a file of the store's and this relay's metrics in the Prometheus text format at
+    /// `path`, for node_exporter's textfile collector (`--collector.textfile.directory`; name it
+    /// `*.prom`). Written like the status file (see [`status_file`](Self::status_file)), through
+    /// a temporary file renamed over it, and removed at shutdown. See [`crate::metrics`].
+    #[cfg(feature = "metrics")]
+    pub fn metrics_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.metrics_file = Some(path.into());
+        self
+    }
+
+    /// The `src` field of every envelope (default: the MQTT client id).
+    pub fn source(mut self, source: impl Into<String>) -> Self {
+        self.source = source.into();
+        self
+    }
+
+    /// Most messages published and not yet acknowledged (default 100, at most 65535).
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n;
+        self
+    }
+
+    /// How often an idle relay checks the file for rows committed by other processes or other
+    /// handles where it cannot watch the file (default 50 ms; a cheap `PRAGMA data_version`).
+    ///
+    /// Commits through the same [`Outbox`](crate::Outbox) handle wake the relay at once. On Linux the relay also
+    /// watches the WAL file (inotify), which every commit writes to, and wakes on its changes:
+    /// other processes' commits are seen at once too, and an idle relay checks the file only
+    /// every 2 s (or at this interval, if longer) as a safety net. Elsewhere, or where inotify is
+    /// refused (its per-user limits), this interval is how soon such a commit is seen.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// Wait between connection attempts: from `min`, doubling to `max`, with jitter (default
+    /// 100 ms to 30 s). It starts again from `min` only after a connection proved healthy (a
+    /// PUBACK came, or it held for one keep-alive), never on CONNACK alone: a broker that accepts
+    /// a connection and drops it at once is retried less and less often. The same wait applies
+    /// after the broker answers "quota exceeded".
+    pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.backoff_min = min;
+        self.backoff_max = max;
+        self
+    }
+
+    /// How long [`Relay::shutdown`](crate::Relay::shutdown) waits for in-flight PUBACKs (default 5 s). Unacknowledged
+    /// messages stay in the outbox and are published again next time.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// How often applied command ids and retained sent rows past their retention are pruned and
+    /// free pages returned to the file system (default 10 min). It runs in short slices whether
+    /// or not the outbox is empty, so a device that never catches up is still cleaned.
+    pub fn prune_interval(mut self, interval: Duration) -> Self {
+        self.prune_interval = interval;
+        self
+    }
+
+    /// How long the oldest message in flight may wait for its PUBACK while the connection stays
+    /// up (default 60 s). Then the connection is renewed and the message published again, and
+    /// the wait counts as a strike against it (see
+    /// [`poison_disconnects`](Self::poison_disconnects)): some brokers neither acknowledge nor
+    /// disconnect for a publish they will not take (RabbitMQ 3.10 above `max_message_size`).
+    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = timeout;
+        self
+    }
+
+    /// Poison isolation: a message that was the oldest unacknowledged one on the wire when this
+    /// many connections in a row ended (dropped by the broker, or renewed after the ack timeout)
+    /// is moved to the dead letters with the cause, so the messages behind it flow (default 3;
+    /// 0 never isolates). A DISCONNECT whose MQTT 5 reason code names the packet (packet too
+    /// large, topic name invalid, not authorized, payload format invalid, malformed packet)
+    /// counts as all of them at once; a broker that is busy, shutting down or quota-limited
+    /// counts nothing. A single transient drop never dead-letters anything (unless this is 1).
+    ///
+    /// Per key, the messages behind an isolated one are published without it: the dead letter
+    /// is the gap, and retrying it queues it again after them.
+    pub fn poison_disconnects(mut self, n: u32) -> Self {
+        self.poison_disconnects = n;
+        self
+    }
+
+    /// Receive commands on this topic filter, in a second, persistent session (`clean_session =
+    /// false`) whose client id is the main one plus `-commands`, unless set with
+    /// [`commands_client_id`](Self::commands_client_id). [`Relay::start`](crate::Relay::start) checks the filter
+    /// against MQTT's rules (`+` and `#` as whole levels, `#` last, no control characters, at
+    /// most 65,535 bytes) and fails with [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the rule.
+    pub fn commands(mut self, filter: impl Into<String>) -> Self {
+        self.commands = Some(filter.into());
+        self
+    }
+
+    /// Largest command delivery stored, in bytes of MQTT payload (default 64 KiB). A larger one is
+    /// dead-lettered without its bytes (the reason gives its size) and acknowledged, and the
+    /// session goes on. The payload inside a stored command is also held to
+    /// [`Limits::max_payload_bytes`](crate::Limits::max_payload_bytes).
+    pub fn max_command_bytes(mut self, bytes: usize) -> Self {
+        self.max_command_bytes = bytes;
+        self
+    }
+
+    /// Largest MQTT packet the command session reads at all (default 16 MiB), so that a delivery
+    /// above [`max_command_bytes`](Self::max_command_bytes) can still be read, dead-lettered and
+    /// acknowledged. A packet above this cannot be read: under MQTT 3.1.1 the broker cannot be
+    /// told, and would deliver it again at every connection. Configure the broker to refuse
+    /// larger messages on the command topics (mosquitto: `message_size_limit`).
+    pub fn command_read_limit(mut self, bytes: usize) -> Self {
+        self.command_read_limit = bytes;
+        self
+    }
+
+    /// Store command deliveries that carry MQTT's retain flag (default false: acknowledge and
+    /// ignore them, counted in [`Status::commands_retained_ignored`](crate::Status::commands_retained_ignored)). A broker sends a retained
+    /// message again at every subscription, which the command session makes at every connection.
+    /// When stored, its id is kept past the inbox retention while it is the newest retained
+    /// command on its topic, so a resent retained command is always recognised, never applied
+    /// twice.
+    pub fn retained_commands(mut self, store: bool) -> Self {
+        self.retained_commands = store;
+        self
+    }
+
+    /// How often the relay checks the database file for damage while it runs (default 1 h),
+    /// within [`Options::integrity_check_budget`](crate::Options::integrity_check_budget). Damage
+    /// is logged at ERROR and reported in [`Status::database_damaged`](crate::Status::database_damaged); the relay goes on with
+    /// what it can read, and the next [`Outbox::open`](crate::Outbox::open) salvages the file
+    /// ([`Options::salvage_on_corruption`](crate::Options::salvage_on_corruption)): restart the
+    /// application (`edge-outbox relay` exits with code 1 for its supervisor to restart it).
+    pub fn integrity_check_interval(mut self, interval: Duration) -> Self {
+        self.integrity_interval = interval;
+        self
+    }
+
+    /// The command session's client id.
+    pub fn commands_client_id(mut self, id: impl Into<String>) -> Self {
+        self.commands_client_id = Some(id.into());
+        self
+    }
+
+    /// The broker settings.
+    pub fn mqtt(&self) -> &MqttConfig {
+        &self.mqtt
+    }
+
+    /// The envelopes' `src`.
+    pub fn source_name(&self) -> &str {
+        &self.source
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.max_in_flight == 0 || self.max_in_flight > usize::from(u16::MAX) {
+            return Err(Error::InvalidConfig(
+                "max_in_flight must be from 1 to 65535".into(),
+            ));
+        }
+        if self.poll_interval.is_zero() {
+            return Err(Error::InvalidConfig("poll_interval must be above zero".into()));
+        }
+        if self.ack_timeout.is_zero() {
+            return Err(Error::InvalidConfig("ack_timeout must be above zero".into()));
+        }
+        if let Some(filter) = &self.commands {
+            validate_filter(filter)?;
+        }
+        if self.max_command_bytes == 0 {
+            return Err(Error::InvalidConfig(
+                "max_command_bytes must be at least 1".into(),
+            ));
+        }
+        if self.command_read_limit < self.max_command_bytes {
+            return Err(Error::InvalidConfig(format!(
+                "command_read_limit ({} bytes) is below max_command_bytes ({} bytes): an oversized \
+                 command could not be read to be dead-lettered",
+                self.command_read_limit, self.max_command_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn commands_client(&self) -> String {
+        self.commands_client_id
+            .clone()
+            .unwrap_or_else(|| format!("{}-commands", self.mqtt.id()))
+    }
+}
