@@ -19,6 +19,7 @@ mod logging;
 mod metrics;
 mod output;
 mod pending;
+mod progress;
 mod relay;
 mod relay_probe;
 mod status;
