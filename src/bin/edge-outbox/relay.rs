@@ -206,12 +206,7 @@ struct Watch {
 
 impl Watch {
     /// Reports until a signal arrives (returns it) or a relay thread ends (returns None).
-    fn until_stop(
-        mut self,
-        relay: &Relay,
-        signals: Signals,
-        stopping: &Arc<AtomicBool>,
-    ) -> Result<Option<i32>> {
+    fn until_stop(self, relay: &Relay, signals: Signals, stopping: &Arc<AtomicBool>) -> Result<Option<i32>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let handle = signals.handle();
         let stopping_flag = stopping.clone();
