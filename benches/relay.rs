@@ -145,6 +145,7 @@ fn raw_messages(n: u64) -> BoxResult<Vec<(String, Vec<u8>)>> {
             let envelope = Envelope {
                 id: MessageId::new_v7(),
                 source: Cow::Borrowed(RELAY_ID),
+                epoch: 0,
                 seq: i + 1,
                 key: Cow::Borrowed(r.device),
                 created_ms: now_ms() as u64,

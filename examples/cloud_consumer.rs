@@ -1,13 +1,20 @@
-//! A cloud-side consumer that deduplicates with its own inbox: each event is stored by message
-//! id, and its effect (here, a row per reading) commits with the applied mark, so a redelivered
-//! event changes nothing.
+//! A cloud-side consumer, with any MQTT client (rumqttc here): the consumer module checks that
+//! nothing a device committed went missing on the way, and an inbox makes each effect happen once.
+//!
+//! - `Consumer` (edge_outbox::consumer) sees every item: it recognises duplicates, follows each
+//!   device's numbering, and reports gaps the devices announced (evicted, expired, ...) and gaps
+//!   nobody announced: messages lost after a device handed them to the broker.
+//! - The inbox stores each event by message id, and its effect (here, a row per reading) commits
+//!   with the applied mark, so a redelivered event changes nothing, across restarts too.
 //!
 //! ```sh
 //! cargo run --example cloud_consumer -- 127.0.0.1:1883 /tmp/cloud.db
 //! ```
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use edge_outbox::consumer::{Consumer, Verdict};
+use edge_outbox::envelope::Published;
 use edge_outbox::{Error, Outbox, Received};
 use rumqttc::{Client, Event, MqttOptions, Packet, QoS};
 
@@ -21,6 +28,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     inbox.with_connection(|c| {
         c.execute_batch("CREATE TABLE IF NOT EXISTS temperatures (message_id TEXT, probe TEXT, celsius REAL)")
     })?;
+    // Gaps still open after 30 s count as unexplained: late messages and notices fill the rest.
+    let mut consumer = Consumer::new();
+    let mut last_report = Instant::now();
 
     // A persistent session with manual acks: acknowledge only what is stored.
     let mut options = MqttOptions::new("cloud-consumer", host, port.parse()?);
@@ -31,13 +41,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (client, mut connection) = Client::new(options, 64);
     for event in connection.iter() {
         match event {
+            // Every topic the devices publish on: their numbering counts them all.
             Ok(Event::Incoming(Packet::ConnAck(_))) => client.try_subscribe("sensors/#", QoS::AtLeastOnce)?,
             Ok(Event::Incoming(Packet::Publish(p))) => {
-                match inbox.receive(&p.topic, &p.payload)? {
-                    Received::Stored(id) => println!("stored {id}"),
-                    Received::Duplicate(id) => println!("duplicate {id}: ignored"),
-                    Received::DeadLettered { reason, .. } => println!("malformed: {reason}"),
-                    _ => {}
+                match consumer.observe_bytes(&p.payload) {
+                    Ok((Published::Gap(gap), _)) => println!(
+                        "{} removed {}..={} unpublished: {}",
+                        gap.source, gap.first, gap.last, gap.cause
+                    ),
+                    Ok((_, Verdict::Duplicate)) => {}
+                    Ok(_) => match inbox.receive(&p.topic, &p.payload)? {
+                        Received::Stored(id) => println!("stored {id}"),
+                        Received::Duplicate(id) => println!("duplicate {id}: ignored"),
+                        Received::DeadLettered { reason, .. } => println!("malformed: {reason}"),
+                        _ => {}
+                    },
+                    Err(e) => println!("not an edge-outbox envelope on {}: {e}", p.topic),
                 }
                 // Stored (or recognised) before it is acknowledged, from this thread, in order.
                 client.try_ack(&p)?;
@@ -50,6 +69,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     )?;
                     Ok::<_, Error>(())
                 })? {}
+                if last_report.elapsed() >= Duration::from_secs(60) {
+                    last_report = Instant::now();
+                    let report = consumer.report_after(Duration::from_secs(30));
+                    print!("{report}");
+                    if report.totals.unexplained > 0 {
+                        println!(
+                            "messages were lost after the devices handed them over: check the broker (docs/reliability.md)"
+                        );
+                    }
+                }
             }
             Ok(_) => {}
             Err(e) => {

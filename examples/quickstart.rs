@@ -74,6 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let command = Envelope {
         id: MessageId::new_v7(),
         source: "cloud".into(),
+        epoch: 0,
         seq: 1,
         key: "acct-7".into(),
         created_ms: 0,

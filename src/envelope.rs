@@ -21,8 +21,14 @@ pub const ID_NAMESPACE: [u8; 16] = [
     0x6f, 0x1d, 0x3b, 0x1e, 0x2c, 0x4a, 0x5e, 0x0b, 0x9d, 0x7f, 0x0e, 0x6d, 0x9b, 0x6c, 0x4a, 0x21,
 ];
 
-/// The envelope version this build writes. Decoders refuse versions they do not know.
-pub const ENVELOPE_VERSION: u64 = 1;
+/// The envelope version this build writes for a message that carries an epoch (everything a
+/// relay publishes, and gap notices). Decoders refuse versions they do not know.
+pub const ENVELOPE_VERSION: u64 = 2;
+
+/// The version written for an envelope without an epoch (a command built by a cloud-side
+/// sender): version 1 has no `ep`, so devices running an older build still read it. This build
+/// reads both.
+pub const ENVELOPE_VERSION_NO_EPOCH: u64 = 1;
 
 /// A message's identity: 16 bytes, minted once inside the writing transaction (UUIDv7 when the
 /// crate mints it) and unchanged across every resend. Consumers deduplicate on it.
@@ -96,12 +102,18 @@ pub struct Envelope<'a> {
     pub id: MessageId,
     /// Who sent it: the device or relay name (wire key `src`; empty when absent).
     pub source: Cow<'a, str>,
-    /// The sender's sequence number: commit order in the sender's outbox (wire key `seq`; 0 when
-    /// absent).
+    /// The sender's epoch (wire key `ep`; 0 when absent, as in commands and version 1
+    /// envelopes): a random number minted when the sender's database was created (again when it
+    /// was restored from a copy or salvaged). Within one (`source`, `epoch`), `seq` counts 1, 2,
+    /// 3, ... with no gap the sender does not announce (see [`GapNotice`]).
+    pub epoch: u64,
+    /// The sender's sequence number within its epoch: commit order in the sender's outbox (wire
+    /// key `seq`; 0 when absent).
     pub seq: u64,
     /// The ordering key: messages with the same key are published in commit order (wire key `key`).
     pub key: Cow<'a, str>,
-    /// Commit time, milliseconds since the Unix epoch (wire key `ts`; 0 when absent).
+    /// When the message was written (the insert, inside its transaction: not the commit),
+    /// milliseconds since the Unix epoch by the sender's wall clock (wire key `ts`; 0 when absent).
     pub created_ms: u64,
     /// The event type, e.g. `"OrderPlaced.v2"` (wire key `type`, optional).
     pub event_type: Option<Cow<'a, str>>,
@@ -136,6 +148,7 @@ impl Envelope<'static> {
         Ok(Envelope {
             id,
             source: Cow::Borrowed(""),
+            epoch: 0,
             seq: 0,
             key: Cow::Owned(key.to_owned()),
             created_ms: u64::try_from(crate::time::now_ms()).unwrap_or(0),
@@ -159,6 +172,7 @@ impl Envelope<'_> {
             &Fields {
                 id: &self.id,
                 source: &self.source,
+                epoch: self.epoch,
                 seq: self.seq,
                 key: &self.key,
                 created_ms: self.created_ms,
@@ -181,14 +195,183 @@ impl Envelope<'_> {
         from_cbor(&self.payload)
     }
 
-    /// Decodes an envelope. Requires `v`, `id` and `p`; every other field has a default. Fails
-    /// with [`Error::Decode`] on anything else: bad CBOR, a wrong type, an unknown version,
-    /// duplicate keys, trailing bytes. The message names the field at fault, and says so when the
-    /// bytes are JSON or plain text rather than CBOR.
+    /// Decodes an envelope (version 1 or 2). Requires `v`, `id` and `p` (and `ep` in version 2);
+    /// every other field has a default. Fails with [`Error::Decode`] on anything else: bad CBOR,
+    /// a wrong type, an unknown version, duplicate keys, trailing bytes, a gap notice (decode
+    /// those with [`Published::decode`]). The message names the field at fault, and says so when
+    /// the bytes are JSON or plain text rather than CBOR.
     ///
     /// The work is linear in the input: each key is compared with the keys before it through a
     /// hash set, never one by one, so a map of many unknown keys costs one pass.
     pub fn decode(bytes: &[u8]) -> Result<Envelope<'static>> {
+        match decode_counting(bytes, &Cell::new(0))? {
+            Published::Message(env) => Ok(env),
+            Published::Gap(gap) => Err(Error::Decode(format!(
+                "this is a gap notice (seq {} to {} of {:?}, {}), not a message: decode the \
+                 stream with Published::decode",
+                gap.first, gap.last, gap.source, gap.cause
+            ))),
+        }
+    }
+}
+
+/// Why a sender removed messages before publishing them (the `cause` of a [`GapNotice`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GapCause {
+    /// Evicted to make room under a storage limit (`OnFull::EvictOldest`).
+    Evicted,
+    /// Its expiry passed before it could be published (`Message::expires_after`).
+    Expired,
+    /// Moved to the dead letters: unpublishable as stored, refused by the broker, or isolated as
+    /// poison (the notice's `why` says which). Retrying it publishes it again under a new `seq`.
+    DeadLettered,
+    /// Removed by an operator (`Outbox::purge_pending`, `edge-outbox purge`).
+    Purged,
+    /// Lost to a damaged database file: the salvage could not read these sequence numbers. Some
+    /// of them may have been published before the damage; a consumer counts only the ones it
+    /// did not get.
+    Unrecoverable,
+    /// A cause this build does not know (a newer sender).
+    Other(String),
+}
+
+impl GapCause {
+    /// The wire name: `evicted`, `expired`, `dead-lettered`, `purged`, `unrecoverable`.
+    pub fn as_str(&self) -> &str {
+        match self {
+            GapCause::Evicted => "evicted",
+            GapCause::Expired => "expired",
+            GapCause::DeadLettered => "dead-lettered",
+            GapCause::Purged => "purged",
+            GapCause::Unrecoverable => "unrecoverable",
+            GapCause::Other(other) => other,
+        }
+    }
+
+    /// The cause with this wire name.
+    pub fn parse(name: &str) -> GapCause {
+        match name {
+            "evicted" => GapCause::Evicted,
+            "expired" => GapCause::Expired,
+            "dead-lettered" => GapCause::DeadLettered,
+            "purged" => GapCause::Purged,
+            "unrecoverable" => GapCause::Unrecoverable,
+            other => GapCause::Other(other.to_owned()),
+        }
+    }
+}
+
+impl fmt::Display for GapCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A sender's announcement that sequence numbers `first..=last` of (`source`, `epoch`) will never
+/// be published, and why. The relay publishes one, in the message stream, for every message the
+/// device removed before it was published; a consumer that sees a gap without a notice has lost
+/// messages after the device handed them to the broker (see `docs/reliability.md`).
+///
+/// Published on the topic of the first message it covers (wire key `gap`, envelope version 2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GapNotice {
+    /// The notice's own id: the same on every resend of the same notice.
+    pub id: MessageId,
+    /// The sender (wire key `src`).
+    pub source: String,
+    /// The epoch the range belongs to (wire key `ep`).
+    pub epoch: u64,
+    /// First sequence number removed.
+    pub first: u64,
+    /// Last sequence number removed (inclusive).
+    pub last: u64,
+    /// Why.
+    pub cause: GapCause,
+    /// Details, e.g. a dead letter's reason.
+    pub why: Option<String>,
+    /// When the first of them was removed, Unix milliseconds (wire key `ts`).
+    pub created_ms: u64,
+}
+
+impl GapNotice {
+    /// A notice for `first..=last` of (`source`, `epoch`), with the id every sender of this exact
+    /// notice mints ([`GapNotice::id_for`]).
+    pub fn new(source: &str, epoch: u64, first: u64, last: u64, cause: GapCause) -> Self {
+        GapNotice {
+            id: Self::id_for(epoch, first, last, &cause),
+            source: source.to_owned(),
+            epoch,
+            first,
+            last,
+            cause,
+            why: None,
+            created_ms: 0,
+        }
+    }
+
+    /// The id of the notice for this range and cause: a UUIDv5 in [`ID_NAMESPACE`], so a notice
+    /// published again (after a reconnect) has the same id.
+    pub fn id_for(epoch: u64, first: u64, last: u64, cause: &GapCause) -> MessageId {
+        MessageId::from_key(&format!("edge-outbox gap {epoch} {first} {last} {cause}"))
+    }
+
+    /// How many sequence numbers it covers.
+    pub fn len(&self) -> u64 {
+        self.last.saturating_sub(self.first).saturating_add(1)
+    }
+
+    /// Never true: a notice covers at least one sequence number.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Encodes the notice.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(96);
+        write_gap_notice(
+            &mut out,
+            &GapFields {
+                id: &self.id,
+                source: &self.source,
+                epoch: self.epoch,
+                first: self.first,
+                last: self.last,
+                cause: self.cause.as_str(),
+                why: self.why.as_deref(),
+                created_ms: self.created_ms,
+            },
+        );
+        out
+    }
+}
+
+/// One item of a sender's stream: a message, or a gap notice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Published {
+    /// A message.
+    Message(Envelope<'static>),
+    /// Sequence numbers the sender will never publish, and why.
+    Gap(GapNotice),
+}
+
+impl Published {
+    /// Decodes what a relay published: an envelope (version 1 or 2) or a gap notice. Errors as
+    /// [`Envelope::decode`].
+    ///
+    /// ```
+    /// use edge_outbox::envelope::{GapCause, GapNotice, Published};
+    ///
+    /// let notice = GapNotice::new("pump-17", 42, 7, 9, GapCause::Evicted);
+    /// match Published::decode(&notice.encode())? {
+    ///     Published::Gap(gap) => assert_eq!((gap.first, gap.last), (7, 9)),
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// # Ok::<(), edge_outbox::Error>(())
+    /// ```
+    pub fn decode(bytes: &[u8]) -> Result<Published> {
         decode_counting(bytes, &Cell::new(0))
     }
 }
@@ -203,7 +386,9 @@ pub fn decode_key_comparisons(bytes: &[u8]) -> u64 {
 }
 
 /// The envelope keys this version knows, in the order an encoder writes them.
-const KNOWN_KEYS: [&str; 9] = ["v", "id", "src", "seq", "key", "ts", "type", "hdr", "p"];
+const KNOWN_KEYS: [&str; 11] = [
+    "v", "id", "src", "ep", "seq", "key", "ts", "type", "hdr", "gap", "p",
+];
 
 /// A key in the duplicate check; equality counts into `comparisons`.
 struct SeenKey<'a, 'c> {
@@ -226,15 +411,18 @@ impl std::hash::Hash for SeenKey<'_, '_> {
     }
 }
 
-fn decode_counting(bytes: &[u8], comparisons: &Cell<u64>) -> Result<Envelope<'static>> {
+fn decode_counting(bytes: &[u8], comparisons: &Cell<u64>) -> Result<Published> {
     let mut r = Reader::new(bytes);
     let pairs = r.map_len().map_err(|e| not_an_envelope(bytes, e))?;
     let mut version = None;
     let mut id = None;
     let mut payload = None;
+    let mut epoch = None;
+    let mut gap = None;
     let mut env = Envelope {
         id: MessageId([0; 16]),
         source: Cow::Borrowed(""),
+        epoch: 0,
         seq: 0,
         key: Cow::Borrowed(""),
         created_ms: 0,
@@ -270,11 +458,13 @@ fn decode_counting(bytes: &[u8], comparisons: &Cell<u64>) -> Result<Envelope<'st
             "v" => version = Some(r.uint().map_err(field)?),
             "id" => id = Some(decode_id(&mut r)?),
             "src" => env.source = Cow::Owned(r.text().map_err(field)?.to_owned()),
+            "ep" => epoch = Some(r.uint().map_err(field)?),
             "seq" => env.seq = r.uint().map_err(field)?,
             "key" => env.key = Cow::Owned(r.text().map_err(field)?.to_owned()),
             "ts" => env.created_ms = r.uint().map_err(field)?,
             "type" => env.event_type = Some(Cow::Owned(r.text().map_err(field)?.to_owned())),
             "hdr" => env.headers = decode_headers(&mut r).map_err(field)?,
+            "gap" => gap = Some(decode_gap(&mut r).map_err(field)?),
             "p" => payload = Some(r.item().map_err(field)?.to_vec()),
             _ => {
                 r.item().map_err(field)?;
@@ -288,17 +478,87 @@ fn decode_counting(bytes: &[u8], comparisons: &Cell<u64>) -> Result<Envelope<'st
         )));
     }
     match version {
-        Some(ENVELOPE_VERSION) => {}
+        Some(ENVELOPE_VERSION_NO_EPOCH) => {}
+        Some(ENVELOPE_VERSION) => {
+            if epoch.is_none() {
+                return Err(Error::Decode("envelope version 2 has no epoch (\"ep\")".into()));
+            }
+        }
         Some(v) => {
             return Err(Error::Decode(format!(
-                "envelope version {v} is not supported (this build reads {ENVELOPE_VERSION})"
+                "envelope version {v} is not supported (this build reads \
+                 {ENVELOPE_VERSION_NO_EPOCH} and {ENVELOPE_VERSION})"
             )));
         }
         None => return Err(Error::Decode("envelope has no version (\"v\")".into())),
     }
+    env.epoch = epoch.unwrap_or(0);
     env.id = id.ok_or_else(|| Error::Decode("envelope has no message id (\"id\")".into()))?;
+    if let Some(gap) = gap {
+        if version != Some(ENVELOPE_VERSION) {
+            return Err(Error::Decode(
+                "a gap notice (\"gap\") needs envelope version 2".into(),
+            ));
+        }
+        if payload.is_some() {
+            return Err(Error::Decode(
+                "an envelope has either a payload (\"p\") or a gap notice (\"gap\"), not both".into(),
+            ));
+        }
+        return Ok(Published::Gap(GapNotice {
+            id: env.id,
+            source: env.source.into_owned(),
+            epoch: env.epoch,
+            first: gap.first,
+            last: gap.last,
+            cause: gap.cause,
+            why: gap.why,
+            created_ms: env.created_ms,
+        }));
+    }
     env.payload = Cow::Owned(payload.ok_or_else(|| Error::Decode("envelope has no payload (\"p\")".into()))?);
-    Ok(env)
+    Ok(Published::Message(env))
+}
+
+/// The `gap` map of a gap notice.
+struct GapRange {
+    first: u64,
+    last: u64,
+    cause: GapCause,
+    why: Option<String>,
+}
+
+fn decode_gap(r: &mut Reader<'_>) -> Result<GapRange> {
+    let n = r.map_len()?;
+    let (mut first, mut last, mut cause, mut why) = (None, None, None, None);
+    let mut seen = HashSet::new();
+    for _ in 0..n {
+        let k = r.text()?;
+        if !seen.insert(k) {
+            return Err(Error::Decode(format!("key {k:?} appears twice")));
+        }
+        match k {
+            "first" => first = Some(r.uint()?),
+            "last" => last = Some(r.uint()?),
+            "cause" => cause = Some(GapCause::parse(r.text()?)),
+            "why" => why = Some(r.text()?.to_owned()),
+            _ => {
+                r.item()?;
+            }
+        }
+    }
+    let (Some(first), Some(last), Some(cause)) = (first, last, cause) else {
+        return Err(Error::Decode("needs first, last and cause".into()));
+    };
+    if last < first {
+        return Err(Error::Decode(format!("last ({last}) is below first ({first})")));
+    }
+    Ok(GapRange {
+        first,
+        last,
+        cause,
+        why,
+    })
 }
 
 /// The `id` field, with the fix for the usual mistake: a UUID sent as text.
@@ -359,6 +619,8 @@ fn not_an_envelope(bytes: &[u8], e: Error) -> Error {
 pub(crate) struct Fields<'a> {
     pub id: &'a MessageId,
     pub source: &'a str,
+    /// 0: none (written as version 1, without `ep`).
+    pub epoch: u64,
     pub seq: u64,
     pub key: &'a str,
     pub created_ms: u64,
@@ -376,14 +638,24 @@ pub(crate) enum Payload<'a> {
 
 /// The one envelope writer: [`Envelope::encode_into`] and the relay both call it.
 pub(crate) fn write_envelope(out: &mut Vec<u8>, f: &Fields<'_>, payload: Payload<'_>) {
-    let pairs = 7 + u64::from(f.event_type.is_some()) + u64::from(f.headers.is_some());
+    let has_epoch = f.epoch != 0;
+    let pairs = 7 + u64::from(has_epoch) + u64::from(f.event_type.is_some()) + u64::from(f.headers.is_some());
     cbor::write_head(out, cbor::MAP, pairs);
     cbor::write_text(out, "v");
-    cbor::write_head(out, cbor::UINT, ENVELOPE_VERSION);
+    let version = if has_epoch {
+        ENVELOPE_VERSION
+    } else {
+        ENVELOPE_VERSION_NO_EPOCH
+    };
+    cbor::write_head(out, cbor::UINT, version);
     cbor::write_text(out, "id");
     cbor::write_bytes(out, f.id.as_bytes());
     cbor::write_text(out, "src");
     cbor::write_text(out, f.source);
+    if has_epoch {
+        cbor::write_text(out, "ep");
+        cbor::write_head(out, cbor::UINT, f.epoch);
+    }
     cbor::write_text(out, "seq");
     cbor::write_head(out, cbor::UINT, f.seq);
     cbor::write_text(out, "key");
@@ -402,6 +674,46 @@ pub(crate) fn write_envelope(out: &mut Vec<u8>, f: &Fields<'_>, payload: Payload
     match payload {
         Payload::Cbor(item) => out.extend_from_slice(item),
         Payload::Text(text) => cbor::write_text(out, text),
+    }
+}
+
+/// A gap notice's fields, borrowed.
+pub(crate) struct GapFields<'a> {
+    pub id: &'a MessageId,
+    pub source: &'a str,
+    pub epoch: u64,
+    pub first: u64,
+    pub last: u64,
+    pub cause: &'a str,
+    pub why: Option<&'a str>,
+    pub created_ms: u64,
+}
+
+/// The one gap notice writer: keys `v`, `id`, `src`, `ep`, `ts`, `gap` (`first`, `last`,
+/// `cause`, `why`), in that order.
+pub(crate) fn write_gap_notice(out: &mut Vec<u8>, g: &GapFields<'_>) {
+    cbor::write_head(out, cbor::MAP, 6);
+    cbor::write_text(out, "v");
+    cbor::write_head(out, cbor::UINT, ENVELOPE_VERSION);
+    cbor::write_text(out, "id");
+    cbor::write_bytes(out, g.id.as_bytes());
+    cbor::write_text(out, "src");
+    cbor::write_text(out, g.source);
+    cbor::write_text(out, "ep");
+    cbor::write_head(out, cbor::UINT, g.epoch);
+    cbor::write_text(out, "ts");
+    cbor::write_head(out, cbor::UINT, g.created_ms);
+    cbor::write_text(out, "gap");
+    cbor::write_head(out, cbor::MAP, 3 + u64::from(g.why.is_some()));
+    cbor::write_text(out, "first");
+    cbor::write_head(out, cbor::UINT, g.first);
+    cbor::write_text(out, "last");
+    cbor::write_head(out, cbor::UINT, g.last);
+    cbor::write_text(out, "cause");
+    cbor::write_text(out, g.cause);
+    if let Some(why) = g.why {
+        cbor::write_text(out, "why");
+        cbor::write_text(out, why);
     }
 }
 
@@ -448,6 +760,7 @@ mod tests {
         Envelope {
             id: MessageId::new_v7(),
             source: "device-7".into(),
+            epoch: 7_000_000_000_000_000_001,
             seq: 42,
             key: "order-1".into(),
             created_ms: 1_700_000_000_123,
@@ -498,15 +811,15 @@ mod tests {
     #[test]
     fn refuses_wrong_version_duplicates_and_missing_fields() {
         let good = sample().encode();
-        let mut v2 = good.clone();
-        // The version is the second byte pair: map head, "v" (0x61 0x76), then 0x01.
-        assert_eq!(&v2[1..4], &[0x61, b'v', 0x01]);
-        v2[3] = 0x02;
+        let mut v3 = good.clone();
+        // The version is the second byte pair: map head, "v" (0x61 0x76), then 0x02.
+        assert_eq!(&v3[1..4], &[0x61, b'v', 0x02]);
+        v3[3] = 0x03;
         assert!(
-            Envelope::decode(&v2)
-                .expect_err("v2")
+            Envelope::decode(&v3)
+                .expect_err("v3")
                 .to_string()
-                .contains("version 2")
+                .contains("version 3")
         );
         let mut no_id = Vec::new();
         cbor::write_head(&mut no_id, cbor::MAP, 2);
@@ -519,6 +832,51 @@ mod tests {
                 .expect_err("no id")
                 .to_string()
                 .contains("\"id\"")
+        );
+    }
+
+    #[test]
+    fn envelopes_without_an_epoch_are_version_1_and_both_versions_decode() {
+        let mut env = sample();
+        env.epoch = 0;
+        let v1 = env.encode();
+        assert_eq!(&v1[1..4], &[0x61, b'v', 0x01]);
+        assert_eq!(Envelope::decode(&v1).expect("v1"), env);
+        // A version 2 envelope must carry its epoch.
+        let mut out = Vec::new();
+        cbor::write_head(&mut out, cbor::MAP, 3);
+        cbor::write_text(&mut out, "v");
+        cbor::write_head(&mut out, cbor::UINT, 2);
+        cbor::write_text(&mut out, "id");
+        cbor::write_bytes(&mut out, &[7; 16]);
+        cbor::write_text(&mut out, "p");
+        cbor::write_head(&mut out, cbor::UINT, 1);
+        let err = Envelope::decode(&out).expect_err("no ep");
+        assert!(err.to_string().contains("\"ep\""), "{err}");
+    }
+
+    #[test]
+    fn gap_notices_round_trip_and_are_not_messages() {
+        let mut notice = GapNotice::new("device-7", 99, 10, 12, GapCause::DeadLettered);
+        notice.why = Some("the broker refused it".into());
+        notice.created_ms = 1_700_000_000_000;
+        let bytes = notice.encode();
+        assert_eq!(
+            Published::decode(&bytes).expect("decode"),
+            Published::Gap(notice.clone())
+        );
+        let err = Envelope::decode(&bytes).expect_err("a gap notice is no message");
+        assert!(err.to_string().contains("gap notice"), "{err}");
+        assert_eq!(notice.len(), 3);
+        assert_eq!(
+            notice.id,
+            GapNotice::id_for(99, 10, 12, &GapCause::DeadLettered),
+            "stable across resends"
+        );
+        let message = sample();
+        assert_eq!(
+            Published::decode(&message.encode()).expect("message"),
+            Published::Message(message)
         );
     }
 

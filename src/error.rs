@@ -51,6 +51,15 @@ pub enum Error {
         /// The newest schema version this build understands.
         supported: i64,
     },
+    /// The database file is damaged (SQLite reports corruption, or the integrity check fails).
+    /// With [`Options::salvage_on_corruption`](crate::Options::salvage_on_corruption) (the
+    /// default) opening salvages it instead; `edge-outbox doctor --salvage` does it by hand.
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What the check or SQLite said.
+        detail: String,
+    },
     /// The file exists but is not an SQLite database.
     NotADatabase {
         /// The path that was opened.
@@ -172,6 +181,12 @@ impl fmt::Display for Error {
                 f,
                 "database schema version {found} was written by a newer edge-outbox \
                  (this build supports up to {supported}): upgrade edge-outbox"
+            ),
+            Error::Corrupt { path, detail } => write!(
+                f,
+                "{} is damaged: {detail}; `edge-outbox doctor --salvage` moves it aside and \
+                 salvages what is readable into a fresh file (opening does it by default)",
+                path.display()
             ),
             Error::NotADatabase { path } => write!(
                 f,

@@ -87,6 +87,15 @@
 //! [`send_command`] (or `edge-outbox send-command`); `docs/wire-format.md` ("Sending a command")
 //! describes the format for other languages.
 //!
+//! # The cloud side: loss you can see
+//!
+//! Every message carries its source, an epoch and a number that counts 1, 2, 3, ... per
+//! (source, epoch); every message the device removes before publishing it (evicted, expired,
+//! dead-lettered, purged) is announced in the stream with a [`GapNotice`]. A cloud service feeds
+//! what it receives, from any MQTT client, to a [`consumer::Consumer`], which recognises
+//! duplicates and reports the announced gaps and the unexplained ones: messages lost after the
+//! device handed them to the broker.
+//!
 //! # Features
 //!
 //! - `cli`: the `edge-outbox` command-line tool.
@@ -102,6 +111,7 @@
 
 mod cbor;
 mod commands;
+pub mod consumer;
 pub mod envelope;
 mod error;
 #[doc(hidden)]
@@ -124,16 +134,17 @@ mod topic;
 pub use rusqlite;
 
 pub use commands::send_command;
-pub use envelope::{Envelope, MessageId};
+pub use envelope::{Envelope, GapCause, GapNotice, MessageId, Published};
 pub use error::{Error, Result};
 pub use mqtt::status::AckLatency;
-pub use mqtt::{MqttConfig, Protocol, TlsConfig};
+pub use mqtt::{MqttConfig, Protocol, TlsConfig, subscribe};
 pub use relay::{Relay, RelayConfig, RelayReport, Status};
 #[cfg(feature = "signed-commands")]
 pub use signed::{CommandSigner, TrustedKeys};
 pub use store::{
     ApplyOutcome, Command, Committed, DeadLetter, Limits, Message, OnFull, Options, Origin, Outbox, Received,
-    SCHEMA_VERSION, Stats, Synchronous, Tx, default_path, enqueue, schema_version,
+    SCHEMA_VERSION, Salvaged, SalvagedTable, Stats, Synchronous, Tx, default_path, enqueue, integrity_check,
+    schema_version,
 };
 
 #[cfg(test)]

@@ -77,6 +77,7 @@ fn envelope(key: &str, payload: &Value) -> (MessageId, Vec<u8>) {
     let env = Envelope {
         id,
         source: Cow::Borrowed("cloud"),
+        epoch: 0,
         seq: 1,
         key: Cow::Owned(key.to_owned()),
         created_ms: 0,
@@ -193,6 +194,7 @@ fn status_reports_the_store_in_text_and_json() -> TestResult {
     let json = on(&f.db, &["status", "--json"]).json()?;
     assert_eq!(json["schema_version"], edge_outbox::SCHEMA_VERSION);
     assert_eq!(json["supported_schema_version"], edge_outbox::SCHEMA_VERSION);
+    assert_eq!(json["epoch"], stats.epoch);
     // The CLI reads the documented schema itself; it must agree with the library.
     assert_eq!(json["pending"]["messages"], stats.pending_messages);
     assert_eq!(json["pending"]["bytes"], stats.pending_bytes);
@@ -819,5 +821,246 @@ fn relay_progress_bar_is_drawn_only_on_a_terminal() -> TestResult {
     let screen = drain_and_stop(&tty, &mut relay, ROWS)?;
     assert!(screen.contains("ETA") && screen.contains("\x1b["), "{screen:?}");
     assert!(screen.contains("stopped on SIGTERM"), "{screen:?}");
+    Ok(())
+}
+
+/// Every field `status --json` prints, as dotted paths of its leaves (arrays, scalars, nulls).
+fn json_fields(value: &Value, prefix: &str, out: &mut Vec<String>) {
+    if let Value::Object(map) = value {
+        for (k, v) in map {
+            let path = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            if v.is_object() {
+                json_fields(v, &path, out);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+}
+
+/// `--broker` repeated is a failover list (a dead first broker, a live second one), `--src` names
+/// the source in every envelope, and every field of `status --json` is in docs/operations.md.
+#[test]
+fn relay_takes_a_failover_list_and_a_source_and_status_fields_are_documented() -> TestResult {
+    let broker = Broker::start()?;
+    let sub = Subscriber::start(broker.addr(), "src/#")?;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("device.db");
+    let outbox = Outbox::open(&db)?;
+    outbox.transaction(|tx| tx.publish("src/t", "k", &1))?;
+    // A port nobody listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let stderr = db.with_extension("failover.stderr");
+    let mut cmd = edge_outbox(&[
+        "relay",
+        "--broker",
+        &format!("mqtt://127.0.0.1:{dead}"),
+        "--broker",
+        &format!("mqtt://127.0.0.1:{}", broker.port()),
+        "--client-id",
+        "cli-failover",
+        "--src",
+        "pump-17",
+    ]);
+    cmd.arg("--db")
+        .arg(&db)
+        .stdout(Stdio::null())
+        .stderr(File::create(&stderr)?);
+    let mut relay = RelayProcess {
+        child: ChildGuard::new(cmd.spawn()?),
+        stderr,
+    };
+    assert!(sub.wait_for(1, WAIT), "relay log: {}", relay.log());
+    let env = Envelope::decode(&sub.payloads()[0])?;
+    assert_eq!(
+        (env.source.as_ref(), env.epoch, env.seq),
+        ("pump-17", outbox.epoch()?, 1)
+    );
+    let status = wait_status(&db, &relay, |s| s["relay"]["status"]["acknowledged"] == 1);
+    let relay_status = &status["relay"]["status"];
+    assert_eq!(relay_status["broker"], format!("127.0.0.1:{}", broker.port()));
+    assert_eq!(
+        relay_status["brokers"],
+        serde_json::json!([
+            format!("127.0.0.1:{dead}"),
+            format!("127.0.0.1:{}", broker.port())
+        ])
+    );
+    assert_eq!(relay_status["source"], "pump-17");
+    assert_eq!(relay_status["epoch"], outbox.epoch()?);
+    assert_eq!(status["epoch"], outbox.epoch()?);
+
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))?;
+    let table: String = doc
+        .split_once("<!-- status-json: checked by tests/cli.rs -->")
+        .ok_or("status-json marker missing from docs/operations.md")?
+        .1
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut fields = Vec::new();
+    json_fields(&status, "", &mut fields);
+    let undocumented: Vec<&String> = fields
+        .iter()
+        .filter(|f| !table.contains(&format!("`{f}`")))
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "status --json fields missing from docs/operations.md: {undocumented:?}"
+    );
+
+    relay.signal("TERM")?;
+    assert_eq!(relay.wait(WAIT)?, Some(0), "relay log: {}", relay.log());
+    // A failover list shares one scheme.
+    on(
+        &db,
+        &[
+            "relay",
+            "--broker",
+            "mqtt://a",
+            "--broker",
+            "mqtts://b",
+            "--client-id",
+            "x",
+        ],
+    )
+    .fails_with(2, "same scheme");
+    Ok(())
+}
+
+/// `consume` counts per device what arrived and what the device announced, and with
+/// `--fail-on-gap` exits 6 on a number missing without a notice.
+#[test]
+fn consume_reports_announced_and_unexplained_gaps() -> TestResult {
+    let broker = Broker::start()?;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("device.db");
+    let outbox = Outbox::open(&db)?;
+    for (topic, n) in [
+        ("cli-consume/a", 5),
+        ("cli-consume/debug", 2),
+        ("cli-consume/a", 1),
+    ] {
+        for i in 0..n {
+            outbox.transaction(|tx| tx.publish(topic, "k", &i))?;
+        }
+    }
+    // Number 3 is deleted behind the relay's back (lost); 6 and 7 are purged (announced).
+    outbox.with_connection(|c| c.execute("DELETE FROM outbox WHERE seq = 3", []))?;
+    let purged = on(&db, &["purge", "--topic", "cli-consume/debug"]);
+    assert_eq!(purged.code, Some(0), "{purged:#?}");
+    assert!(
+        purged.stdout.contains("2 pending messages removed unpublished"),
+        "{purged:#?}"
+    );
+    let neither = on(&db, &["purge"]);
+    assert_eq!(neither.code, Some(2), "{neither:#?}");
+    assert!(neither.stderr.contains("--topic"), "{neither:#?}");
+
+    // The auditor's persistent session exists before the device publishes.
+    support::Subscriber::builder(broker.addr())
+        .client_id("cli-auditor")
+        .clean_session(false)
+        .filter("cli-consume/#")
+        .start()?
+        .stop();
+    let relay = edge_outbox::Relay::start(
+        &outbox,
+        support::device::relay_config(broker.addr(), "cli-consume-device"),
+    )?;
+    assert!(support::wait_until(|| outbox
+        .stats()
+        .is_ok_and(|s| s.pending_messages == 0 && s.gaps_unannounced == 0)));
+    relay.shutdown()?;
+
+    let url = format!("mqtt://127.0.0.1:{}", broker.port());
+    let run = run(&[
+        "consume",
+        "--broker",
+        &url,
+        "--mqtt-version",
+        "3.1.1",
+        "--topic",
+        "cli-consume/#",
+        "--client-id",
+        "cli-auditor",
+        "--from-start",
+        "--grace",
+        "0",
+        "--fail-on-gap",
+        "--stop-after",
+        "6",
+        "--for",
+        "60",
+        "--json",
+    ]);
+    assert_eq!(run.code, Some(6), "{run:#?}");
+    assert!(
+        run.stderr.contains("1 messages missing without a gap notice"),
+        "{run:#?}"
+    );
+    let report = run.json()?;
+    assert_eq!(report["totals"]["delivered"], 5, "{report}");
+    assert_eq!(report["totals"]["announced"], 2, "{report}");
+    assert_eq!(report["totals"]["unexplained"], 1, "{report}");
+    let stream = &report["streams"][0];
+    assert_eq!(stream["source"], "cli-consume-device");
+    assert_eq!(stream["unexplained_ranges"], serde_json::json!([[3, 3]]));
+    assert_eq!(stream["announced_by_cause"], serde_json::json!({"purged": 2}));
+    Ok(())
+}
+
+/// `doctor` finds a damaged file (exit 3) and, with `--salvage`, moves it aside and salvages it;
+/// a sound file passes.
+#[test]
+fn doctor_checks_and_salvages_a_damaged_file() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("device.db");
+    {
+        let outbox = Outbox::open(&db)?;
+        outbox.transaction(|tx| {
+            for n in 0..2000u32 {
+                tx.publish("t", "k", &format!("payload-{n:06}-{}", "y".repeat(80)))?;
+            }
+            Ok::<_, edge_outbox::Error>(())
+        })?;
+        outbox.with_connection(|c| c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)"))?;
+    }
+    let ok = on(&db, &["doctor"]);
+    assert_eq!(ok.code, Some(0), "{ok:#?}");
+    assert!(ok.stdout.starts_with("ok: "), "{ok:#?}");
+
+    // A page of pending messages overwritten.
+    let mut bytes = std::fs::read(&db)?;
+    let page = bytes
+        .chunks(4096)
+        .position(|p| p.windows(14).any(|w| w == b"payload-001000"))
+        .ok_or("page not found")?;
+    bytes[page * 4096..(page + 1) * 4096].fill(0xAB);
+    std::fs::write(&db, bytes)?;
+    on(&db, &["doctor"]).fails_with(3, "damaged");
+
+    let salvaged = on(&db, &["doctor", "--salvage"]);
+    assert_eq!(salvaged.code, Some(0), "{salvaged:#?}");
+    assert!(salvaged.stdout.contains("moved aside to"), "{salvaged:#?}");
+    assert!(salvaged.stdout.contains("unrecoverable gap"), "{salvaged:#?}");
+    assert!(
+        std::fs::read_dir(dir.path())?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .any(|n| n.starts_with("device.db.corrupt-")),
+        "the damaged file is kept aside"
+    );
+    let after = on(&db, &["doctor"]);
+    assert_eq!(after.code, Some(0), "{after:#?}");
+    let status = on(&db, &["status", "--json"]).json()?;
+    assert_eq!(status["salvaged"], 1);
+    let pending = status["pending"]["messages"].as_u64().ok_or("pending")?;
+    assert!(pending > 1900 && pending < 2000, "{status}");
     Ok(())
 }

@@ -330,9 +330,9 @@ fn malformed_deliveries_are_dead_lettered_with_a_reason_that_names_the_problem()
         ("envelope field \"key\": text is not UTF-8", bad_utf8),
         ("truncated CBOR", good[..good.len() - 3].to_vec()),
         (
-            "envelope version 2 is not supported",
+            "envelope version 3 is not supported",
             map(vec![
-                ("v", Value::Integer(2.into())),
+                ("v", Value::Integer(3.into())),
                 ("id", id_value()),
                 ("p", Value::Null),
             ])?,

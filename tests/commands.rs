@@ -16,6 +16,7 @@ fn command(credits: i64) -> Vec<u8> {
     Envelope {
         id: MessageId::new_v7(),
         source: "cloud".into(),
+        epoch: 0,
         seq: 1,
         key: "acct-7".into(),
         created_ms: 0,

@@ -96,6 +96,7 @@ fn an_oversized_command_is_dead_lettered_and_the_session_goes_on() {
         Envelope {
             id: MessageId::new_v7(),
             source: "cloud".into(),
+            epoch: 0,
             seq: 1,
             key: "k".into(),
             created_ms: 0,

@@ -108,6 +108,7 @@ fn envelope() -> impl Strategy<Value = Envelope<'static>> {
             |(id, source, seq, key, created_ms, event_type, headers, payload)| Envelope {
                 id: MessageId::from_bytes(id),
                 source: source.into(),
+                epoch: 0,
                 seq,
                 key: key.into(),
                 created_ms,

@@ -103,7 +103,12 @@ fn reopening_is_idempotent_and_keeps_data() -> TestResult {
         let again = Outbox::open(&path)?;
         assert_eq!(schema_version(&again)?, SCHEMA_VERSION);
         assert_eq!(schema_sql(&again)?, schema, "reopening changed the schema");
-        assert_eq!(meta_names(&again)?, ["schema_version", "uptime_ms"]);
+        assert_eq!(meta_names(&again)?, ["file_id", "schema_version", "uptime_ms"]);
+        assert_eq!(
+            query_i64(&again, "SELECT count(*) FROM edge_outbox_epochs")?,
+            1,
+            "reopening the same file starts no epoch"
+        );
         let stored: Vec<u8> =
             again.with_connection(|c| c.query_row("SELECT id FROM outbox", [], |r| r.get(0)))?;
         assert_eq!(stored, id.as_bytes());
@@ -141,7 +146,15 @@ fn handles_racing_to_open_a_new_file_migrate_it_once() -> TestResult {
         for outbox in &handles {
             assert_eq!(schema_version(outbox)?, SCHEMA_VERSION);
         }
-        assert_eq!(meta_names(&handles[0])?, ["schema_version", "uptime_ms"]);
+        assert_eq!(
+            meta_names(&handles[0])?,
+            ["file_id", "schema_version", "uptime_ms"]
+        );
+        assert_eq!(
+            query_i64(&handles[0], "SELECT count(*) FROM edge_outbox_epochs")?,
+            1,
+            "one epoch: the schema was created once"
+        );
         assert_eq!(
             query_i64(
                 &handles[0],
@@ -318,6 +331,7 @@ fn version_3_counters_are_migrated_and_stay_exact() -> TestResult {
         }
         drop(outbox);
         let conn = rusqlite::Connection::open(&path)?;
+        down_to_4(&conn)?;
         conn.execute_batch(TO_VERSION_3)?;
         let v3: (i64, i64) = conn.query_row(
             "SELECT pending_count, pending_bytes FROM outbox_counters",
@@ -375,6 +389,7 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
         drop(outbox);
         // Back to what version 1 wrote, as an older build left the file.
         let conn = rusqlite::Connection::open(&path)?;
+        down_to_4(&conn)?;
         conn.execute_batch(TO_VERSION_3)?;
         conn.execute_batch(TO_VERSION_2)?;
         conn.execute_batch(
@@ -412,6 +427,88 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
     Ok(())
 }
 
+/// Undoes migration 5 on `conn`'s file: what a version 4 build left.
+fn down_to_4(conn: &rusqlite::Connection) -> TestResult {
+    let sql: String = conn.query_row("SELECT sql FROM sqlite_schema WHERE name = 'outbox'", [], |r| {
+        r.get(0)
+    })?;
+    let start = sql.find("DEFAULT (CAST(").ok_or("no UUIDv4 default")?;
+    let end = start + sql[start..].find("AS BLOB))").ok_or("no end of the default")? + "AS BLOB))".len();
+    let v2 = format!("{}DEFAULT (randomblob(16)){}", &sql[..start], &sql[end..]);
+    let cookie: i64 = conn.query_row("PRAGMA schema_version", [], |r| r.get(0))?;
+    conn.execute_batch("BEGIN; PRAGMA writable_schema = ON;")?;
+    conn.execute("UPDATE sqlite_schema SET sql = ?1 WHERE name = 'outbox'", [v2])?;
+    conn.execute_batch(&format!(
+        "PRAGMA schema_version = {}; PRAGMA writable_schema = OFF; COMMIT;",
+        cookie + 1
+    ))?;
+    conn.execute_batch(
+        "DROP TABLE edge_outbox_epochs;
+         DROP TABLE outbox_gaps;
+         DROP INDEX outbox_expiring;
+         ALTER TABLE outbox DROP COLUMN expires_at;
+         DELETE FROM edge_outbox_meta WHERE name = 'file_id';
+         UPDATE edge_outbox_meta SET value = 4 WHERE name = 'schema_version';",
+    )?;
+    Ok(())
+}
+
+/// A version 4 file is migrated to version 5 in place: its pending rows, its sequence counter
+/// and the triggers that count rows all survive; the numbering carries on in an epoch that
+/// starts at its first row (so numbers already published keep their meaning); the SQL default
+/// mints UUIDv4 ids from then on.
+#[test]
+fn a_version_4_outbox_is_migrated_to_version_5_and_its_numbering_carries_on() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    {
+        let outbox = Outbox::open(&path)?;
+        for i in 0..5 {
+            outbox.transaction(|tx| tx.publish("t", "k", &i))?;
+        }
+        drop(outbox);
+        let conn = rusqlite::Connection::open(&path)?;
+        // Three were published and deleted; two are pending.
+        conn.execute("DELETE FROM outbox WHERE seq <= 3", [])?;
+        down_to_4(&conn)?;
+        let sql: String = conn.query_row("SELECT sql FROM sqlite_schema WHERE name = 'outbox'", [], |r| {
+            r.get(0)
+        })?;
+        assert!(sql.contains("DEFAULT (randomblob(16))"), "{sql}");
+        assert_eq!(
+            conn.query_row("PRAGMA integrity_check", [], |r| r.get::<_, String>(0))?,
+            "ok"
+        );
+    }
+    let outbox = Outbox::open(&path)?;
+    assert_eq!(schema_version(&outbox)?, SCHEMA_VERSION);
+    let ok: String = outbox.with_connection(|c| c.query_row("PRAGMA integrity_check", [], |r| r.get(0)))?;
+    assert_eq!(ok, "ok");
+    assert_eq!(
+        query_i64(
+            &outbox,
+            "SELECT first_seq FROM edge_outbox_epochs WHERE reason = 'migrated'"
+        )?,
+        1
+    );
+    assert_eq!(
+        outbox.stats()?.pending_messages,
+        2,
+        "the counting triggers survive"
+    );
+    outbox.with_connection(|c| c.execute("INSERT INTO outbox (topic, payload) VALUES ('t', x'01')", []))?;
+    assert_eq!(
+        query_i64(&outbox, "SELECT max(seq) FROM outbox")?,
+        6,
+        "no number is reused"
+    );
+    let hex: String = outbox
+        .with_connection(|c| c.query_row("SELECT hex(id) FROM outbox WHERE seq = 6", [], |r| r.get(0)))?;
+    assert_eq!(&hex[12..13], "4", "version nibble of {hex}");
+    assert!(["8", "9", "A", "B"].contains(&&hex[16..17]), "variant of {hex}");
+    assert_eq!(outbox.stats()?.pending_messages, 3);
+    Ok(())
+}
+
 /// A file written by version 2 (no uptime clock) is migrated in place: the clock starts at zero,
 /// and rows acknowledged or applied before have no stamp, so only the wall clock decides when they
 /// are old: an old sent row is pruned, a recent one kept, and the applied command's id is kept.
@@ -427,6 +524,7 @@ fn a_version_2_file_gets_the_uptime_clock_and_its_unstamped_rows_age_on_the_wall
         outbox.apply_next(|_tx, _cmd| Ok::<_, Error>(()))?;
         drop(outbox);
         let conn = rusqlite::Connection::open(&path)?;
+        down_to_4(&conn)?;
         conn.execute_batch(TO_VERSION_3)?;
         conn.execute_batch(TO_VERSION_2)?;
         let now = common::now_ms();
@@ -439,7 +537,7 @@ fn a_version_2_file_gets_the_uptime_clock_and_its_unstamped_rows_age_on_the_wall
     }
     let outbox = Outbox::open_with(&path, options())?;
     assert_eq!(schema_version(&outbox)?, SCHEMA_VERSION);
-    assert_eq!(meta_names(&outbox)?, ["schema_version", "uptime_ms"]);
+    assert_eq!(meta_names(&outbox)?, ["file_id", "schema_version", "uptime_ms"]);
     assert_eq!(
         query_i64(
             &outbox,

@@ -189,6 +189,7 @@ fn command(id: MessageId, n: u64) -> edge_outbox::Result<Vec<u8>> {
     Ok(Envelope {
         id,
         source: "cloud".into(),
+        epoch: 0,
         seq: n,
         key: format!("account-{}", n % 4).into(),
         created_ms: 1_700_000_000_000,

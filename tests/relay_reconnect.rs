@@ -75,7 +75,15 @@ fn broker_unreachable_while_committing_then_the_backlog_drains() {
     check::wait_and_check(&sub, &committed, WAIT).expect("backlog delivered");
     assert!(wait_drained(&outbox, WAIT));
     let status = relay.status().expect("status");
-    assert!(status.last_error.is_some(), "the outage is visible in status");
+    // The outage was the last error while it lasted; once reconnected it cleared into the history.
+    assert!(
+        status.last_error.is_none(),
+        "cleared once reconnected: {status:?}"
+    );
+    assert!(
+        status.previous_error.is_some() && status.previous_error_span.is_some(),
+        "the outage is visible in status: {status:?}"
+    );
     relay.shutdown().expect("shutdown");
 }
 

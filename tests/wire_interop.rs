@@ -7,7 +7,7 @@ mod support;
 
 use common::{TestResult, from_hex, temp_db, to_hex};
 use edge_outbox::envelope::to_cbor;
-use edge_outbox::{ApplyOutcome, Envelope, MessageId, Outbox, Received};
+use edge_outbox::{ApplyOutcome, Envelope, GapCause, GapNotice, MessageId, Outbox, Published, Received};
 use serde::{Deserialize, Serialize};
 use support::python::run_script;
 
@@ -50,6 +50,7 @@ fn python_decodes_what_rust_encodes() -> TestResult {
     let env = Envelope {
         id,
         source: "device-7".into(),
+        epoch: 7,
         seq: 42,
         key: "order-1".into(),
         created_ms: 1_767_225_600_123,
@@ -62,10 +63,11 @@ fn python_decodes_what_rust_encodes() -> TestResult {
     };
     let out = run_script("tests/python/wire_decode.py", &[&to_hex(&env.encode())])?;
     let expected = [
-        "keys v,id,src,seq,key,ts,type,hdr,p".to_owned(),
-        "v 1".to_owned(),
+        "keys v,id,src,ep,seq,key,ts,type,hdr,p".to_owned(),
+        "v 2".to_owned(),
         format!("id {}", to_hex(id.as_bytes())),
         "src device-7".to_owned(),
+        "ep 7".to_owned(),
         "seq 42".to_owned(),
         "key order-1".to_owned(),
         "ts 1767225600123".to_owned(),
@@ -87,9 +89,52 @@ fn python_decodes_what_rust_encodes() -> TestResult {
     };
     let out = run_script("tests/python/wire_decode.py", &[&to_hex(&bare.encode())])?;
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines[0], "keys v,id,src,seq,key,ts,p");
-    assert_eq!(lines[4], format!("seq {}", u64::MAX));
-    assert_eq!(lines[7..], ["type None", "hdr null", r#"p "just text""#]);
+    assert_eq!(lines[0], "keys v,id,src,ep,seq,key,ts,p");
+    assert_eq!(lines[5], format!("seq {}", u64::MAX));
+    assert_eq!(lines[8..], ["type None", "hdr null", r#"p "just text""#]);
+
+    // Without an epoch (a command from the cloud): version 1, no `ep`.
+    let command = Envelope { epoch: 0, ..bare };
+    let out = run_script("tests/python/wire_decode.py", &[&to_hex(&command.encode())])?;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[..2], ["keys v,id,src,seq,key,ts,p", "v 1"]);
+    assert_eq!(lines[4], "ep None");
+    Ok(())
+}
+
+#[test]
+#[cfg_attr(
+    eo_skip_python,
+    ignore = "needs python3: none on PATH, or EDGE_OUTBOX_SKIP=python (the build warning says which)"
+)]
+fn python_decodes_a_gap_notice() -> TestResult {
+    let mut notice = GapNotice::new(
+        "device-7",
+        (1 << 62) + 5,
+        1 << 33,
+        (1 << 33) + 9,
+        GapCause::DeadLettered,
+    );
+    notice.why = Some("the broker refused it: PUBACK reason 0x87 (not authorized)".into());
+    notice.created_ms = 1_767_225_600_999;
+    let out = run_script("tests/python/wire_decode.py", &[&to_hex(&notice.encode())])?;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "keys v,id,src,ep,ts,gap".to_owned(),
+            "v 2".to_owned(),
+            format!("id {}", to_hex(notice.id.as_bytes())),
+            "src device-7".to_owned(),
+            format!("ep {}", (1u64 << 62) + 5),
+            "ts 1767225600999".to_owned(),
+            format!(
+                "gap {} {} dead-lettered the broker refused it: PUBACK reason 0x87 (not authorized)",
+                1u64 << 33,
+                (1u64 << 33) + 9
+            ),
+        ]
+    );
     Ok(())
 }
 
@@ -180,6 +225,7 @@ fn the_documented_example_is_exact() -> TestResult {
     let env = Envelope {
         id: "019b7a3e-5c7b-7c2a-9d4e-0f1a2b3c4d5e".parse()?,
         source: "pump-17".into(),
+        epoch: 1_234_567_890_123_456_789,
         seq: 42,
         key: "order-1".into(),
         created_ms: 1_767_225_600_123,
@@ -192,7 +238,30 @@ fn the_documented_example_is_exact() -> TestResult {
         .into(),
     };
     assert_eq!(to_hex(&env.encode()), to_hex(&documented));
-    assert_eq!(documented.len(), 139, "the page says 139 bytes");
+    assert_eq!(documented.len(), 151, "the page says 151 bytes");
     assert_eq!(Envelope::decode(&documented)?, env);
+    Ok(())
+}
+
+/// The gap notice in docs/wire-format.md is what the relay's writer produces, byte for byte.
+#[test]
+fn the_documented_gap_notice_is_exact() -> TestResult {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/wire-format.md"))?;
+    let hex: String = doc
+        .split_once("<!-- gap-hex: checked by tests/wire_interop.rs -->")
+        .ok_or("gap marker missing from docs/wire-format.md")?
+        .1
+        .lines()
+        .skip_while(|l| !l.starts_with("```"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("```"))
+        .collect();
+    let documented = from_hex(&hex)?;
+    let mut notice = GapNotice::new("pump-17", 1_234_567_890_123_456_789, 43, 45, GapCause::Evicted);
+    notice.created_ms = 1_767_225_600_999;
+    assert_eq!(notice.id.to_string(), "db3ed0a8-6cc5-5d06-904c-0bb8051f7811");
+    assert_eq!(to_hex(&notice.encode()), to_hex(&documented));
+    assert_eq!(documented.len(), 94, "the page says 94 bytes");
+    assert_eq!(Published::decode(&documented)?, Published::Gap(notice));
     Ok(())
 }

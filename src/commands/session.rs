@@ -33,7 +33,6 @@ pub(crate) struct CommandSession {
     pub conn: Connection,
     pub options: Options,
     pub mqtt: SessionOptions,
-    pub endpoint: String,
     pub handle: Arc<SessionHandle>,
     pub filter: String,
     pub arrivals: Sender<()>,
@@ -49,7 +48,6 @@ impl CommandSession {
             conn,
             options,
             mqtt,
-            endpoint,
             handle,
             filter,
             arrivals,
@@ -102,7 +100,6 @@ impl CommandSession {
         };
         let driver = Driver {
             name: "command session",
-            endpoint,
             options: &mqtt,
             handle: &handle,
             stop: &stop,

@@ -22,15 +22,27 @@ pub(crate) enum Role {
     Publisher { max_in_flight: u16 },
     /// The command session: persistent, manual acks, incoming packets up to `read_limit` (the
     /// inbox dead-letters what is above its own, smaller, limit, so an oversized command never
-    /// wedges the session).
-    Commands { read_limit: usize },
+    /// wedges the session). [`subscribe`](super::subscribe) uses it too, `persistent` or not.
+    Commands { read_limit: usize, persistent: bool },
+}
+
+impl Role {
+    /// Whether the session starts clean (the broker keeps nothing for it between connections).
+    fn clean(self) -> bool {
+        match self {
+            Role::Publisher { .. } => true,
+            Role::Commands { persistent, .. } => !persistent,
+        }
+    }
 }
 
 /// Validated rumqttc options for one session, cloned into a new client for each connection.
 #[derive(Clone)]
 pub(crate) struct SessionOptions {
     protocol: Protocol,
-    options: Options,
+    /// One per broker, in the order they are tried.
+    options: Vec<Options>,
+    endpoints: Vec<String>,
     request_capacity: usize,
     connect_secs: u64,
     /// The command session: TCP_NODELAY for its acks.
@@ -66,90 +78,102 @@ impl SessionOptions {
             // full channel would force a reconnect (and the broker to start over).
             Role::Commands { .. } => usize::from(u16::MAX) + 16,
         };
-        let options = match config.version() {
-            Protocol::V311 => {
-                let mut o = rumqttc::MqttOptions::new(client_id, config.host(), config.port());
-                o.set_keep_alive(keep_alive)
-                    .set_clean_session(matches!(role, Role::Publisher { .. }));
-                if let Some((user, password)) = config.credentials_value() {
-                    o.set_credentials(user, password);
-                }
-                if let Some(t) = transport {
-                    o.set_transport(t);
-                }
-                match role {
-                    Role::Publisher { max_in_flight } => {
-                        o.set_max_packet_size(config.packet_limit(), config.packet_limit())
-                            .set_inflight(max_in_flight.max(1));
-                        if let Some(topic) = config.status() {
-                            o.set_last_will(rumqttc::LastWill::new(topic, "offline", QoS::AtLeastOnce, true));
+        let mut all = Vec::new();
+        for (host, port) in config.brokers() {
+            let options = match config.version() {
+                Protocol::V311 => {
+                    let mut o = rumqttc::MqttOptions::new(client_id, host, port);
+                    o.set_keep_alive(keep_alive).set_clean_session(role.clean());
+                    if let Some((user, password)) = config.credentials_value() {
+                        o.set_credentials(user, password);
+                    }
+                    if let Some(t) = transport.clone() {
+                        o.set_transport(t);
+                    }
+                    match role {
+                        Role::Publisher { max_in_flight } => {
+                            o.set_max_packet_size(config.packet_limit(), config.packet_limit())
+                                .set_inflight(max_in_flight.max(1));
+                            if let Some(topic) = config.status() {
+                                o.set_last_will(rumqttc::LastWill::new(
+                                    topic,
+                                    "offline",
+                                    QoS::AtLeastOnce,
+                                    true,
+                                ));
+                            }
+                        }
+                        Role::Commands { read_limit, .. } => {
+                            o.set_max_packet_size(read_limit, config.packet_limit())
+                                .set_manual_acks(true);
                         }
                     }
-                    Role::Commands { read_limit } => {
-                        o.set_max_packet_size(read_limit, config.packet_limit())
-                            .set_manual_acks(true);
+                    Options::V4(Box::new(o))
+                }
+                Protocol::V5 => {
+                    if keep_alive.is_zero() {
+                        return Err(Error::InvalidConfig(
+                            "keep_alive 0 (disabled) is not available with MQTT 5 (rumqttc's client \
+                             needs at least 5 s): set a keep-alive, or use MQTT 3.1.1"
+                                .into(),
+                        ));
                     }
-                }
-                Options::V4(Box::new(o))
-            }
-            Protocol::V5 => {
-                if keep_alive.is_zero() {
-                    return Err(Error::InvalidConfig(
-                        "keep_alive 0 (disabled) is not available with MQTT 5 (rumqttc's client \
-                         needs at least 5 s): set a keep-alive, or use MQTT 3.1.1"
-                            .into(),
-                    ));
-                }
-                let mut o = rumqttc::v5::MqttOptions::new(client_id, config.host(), config.port());
-                if keep_alive < V5_MIN_KEEP_ALIVE {
-                    tracing::warn!(
-                        ?keep_alive,
-                        "keep-alive raised to 5 s: rumqttc's MQTT 5 client takes no less"
-                    );
-                }
-                o.set_keep_alive(keep_alive.max(V5_MIN_KEEP_ALIVE))
-                    .set_clean_start(matches!(role, Role::Publisher { .. }))
-                    .set_connection_timeout(connect_secs);
-                if let Some((user, password)) = config.credentials_value() {
-                    o.set_credentials(user, password);
-                }
-                if let Some(t) = transport {
-                    o.set_transport(t);
-                }
-                match role {
-                    Role::Publisher { max_in_flight } => {
-                        // Our own incoming limit (the broker only sends acknowledgements here),
-                        // and rumqttc's in-flight cap; the broker's receive maximum lowers it.
-                        o.set_max_packet_size(Some(packet_u32(config.packet_limit())))
-                            .set_outgoing_inflight_upper_limit(max_in_flight.max(1));
-                        if let Some(topic) = config.status() {
-                            o.set_last_will(v5p::LastWill::new(
-                                topic,
-                                "offline",
-                                v5_qos(QoS::AtLeastOnce),
-                                true,
-                                None,
-                            ));
+                    let mut o = rumqttc::v5::MqttOptions::new(client_id, host, port);
+                    if keep_alive < V5_MIN_KEEP_ALIVE {
+                        tracing::warn!(
+                            ?keep_alive,
+                            "keep-alive raised to 5 s: rumqttc's MQTT 5 client takes no less"
+                        );
+                    }
+                    o.set_keep_alive(keep_alive.max(V5_MIN_KEEP_ALIVE))
+                        .set_clean_start(role.clean())
+                        .set_connection_timeout(connect_secs);
+                    if let Some((user, password)) = config.credentials_value() {
+                        o.set_credentials(user, password);
+                    }
+                    if let Some(t) = transport.clone() {
+                        o.set_transport(t);
+                    }
+                    match role {
+                        Role::Publisher { max_in_flight } => {
+                            // Our own incoming limit (the broker only sends acknowledgements here),
+                            // and rumqttc's in-flight cap; the broker's receive maximum lowers it.
+                            o.set_max_packet_size(Some(packet_u32(config.packet_limit())))
+                                .set_outgoing_inflight_upper_limit(max_in_flight.max(1));
+                            if let Some(topic) = config.status() {
+                                o.set_last_will(v5p::LastWill::new(
+                                    topic,
+                                    "offline",
+                                    v5_qos(QoS::AtLeastOnce),
+                                    true,
+                                    None,
+                                ));
+                            }
+                        }
+                        Role::Commands {
+                            read_limit,
+                            persistent,
+                        } => {
+                            // A persistent session under MQTT 5 needs an expiry: without one it ends
+                            // with the connection and the broker keeps nothing while we are offline.
+                            // u32::MAX: never expires, as a 3.1.1 persistent session.
+                            o.set_session_expiry_interval(persistent.then_some(u32::MAX))
+                                .set_max_packet_size(Some(packet_u32(read_limit)))
+                                .set_manual_acks(true);
+                            let mut net = o.network_options();
+                            net.set_tcp_nodelay(true);
+                            o.set_network_options(net);
                         }
                     }
-                    Role::Commands { read_limit } => {
-                        // A persistent session under MQTT 5 needs an expiry: without one it ends
-                        // with the connection and the broker keeps nothing while we are offline.
-                        // u32::MAX: never expires, as a 3.1.1 persistent session.
-                        o.set_session_expiry_interval(Some(u32::MAX))
-                            .set_max_packet_size(Some(packet_u32(read_limit)))
-                            .set_manual_acks(true);
-                        let mut net = o.network_options();
-                        net.set_tcp_nodelay(true);
-                        o.set_network_options(net);
-                    }
+                    Options::V5(Box::new(o))
                 }
-                Options::V5(Box::new(o))
-            }
-        };
+            };
+            all.push(options);
+        }
         Ok(SessionOptions {
             protocol: config.version(),
-            options,
+            options: all,
+            endpoints: config.endpoints(),
             request_capacity,
             connect_secs,
             commands: matches!(role, Role::Commands { .. }),
@@ -162,17 +186,33 @@ impl SessionOptions {
 
     /// The keep-alive rumqttc will use (before a broker's server keep-alive overrides it).
     pub(crate) fn keep_alive(&self) -> Duration {
-        match &self.options {
-            Options::V4(o) => o.keep_alive(),
-            Options::V5(o) => o.keep_alive(),
+        match self.options.first() {
+            Some(Options::V4(o)) => o.keep_alive(),
+            Some(Options::V5(o)) => o.keep_alive(),
+            None => Duration::ZERO,
         }
+    }
+
+    /// How many brokers there are to try.
+    pub(crate) fn brokers(&self) -> usize {
+        self.options.len()
+    }
+
+    /// `host:port` of broker `at` (wrapping around the list).
+    pub(crate) fn endpoint(&self, at: usize) -> &str {
+        self.endpoints
+            .get(at % self.endpoints.len().max(1))
+            .map_or("", String::as_str)
     }
 
     /// A new client and connection: nothing of an earlier connection's state survives, in
     /// particular not a packet-id collision (rumqttc keeps it across reconnects, which stops
     /// publishing for good: DESIGN.md, "Learned in the field", 16).
-    pub(crate) fn open(&self) -> (MqttClient, Connection) {
-        match &self.options {
+    /// `at` picks the broker (wrapping around the list).
+    pub(crate) fn open(&self, at: usize) -> (MqttClient, Connection) {
+        // `new` built one set of options per broker, and a config has at least one.
+        let options = &self.options[at % self.options.len().max(1)];
+        match options {
             Options::V4(o) => {
                 let (client, mut connection) = rumqttc::Client::new((**o).clone(), self.request_capacity);
                 // 3.1.1 keeps the connect timeout with the event loop, not the options.

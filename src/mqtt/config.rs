@@ -68,6 +68,7 @@ impl std::str::FromStr for Protocol {
 /// | [`tls`](Self::tls) | none: plain TCP |
 /// | [`status_topic`](Self::status_topic) | none |
 /// | [`topic_aliases`](Self::topic_aliases) | off |
+/// | [`failover`](Self::failover) | none: one broker |
 ///
 /// `Debug` never shows the password.
 ///
@@ -94,6 +95,8 @@ pub struct MqttConfig {
     tls: Option<TlsConfig>,
     status_topic: Option<String>,
     topic_aliases: bool,
+    /// More brokers, tried in turn after this one (`host`, `port`).
+    failover: Vec<(String, u16)>,
 }
 
 impl fmt::Debug for MqttConfig {
@@ -111,6 +114,7 @@ impl fmt::Debug for MqttConfig {
             .field("tls", &self.tls)
             .field("status_topic", &self.status_topic)
             .field("topic_aliases", &self.topic_aliases)
+            .field("failover", &self.failover)
             .finish()
     }
 }
@@ -133,6 +137,7 @@ impl MqttConfig {
             tls: None,
             status_topic: None,
             topic_aliases: false,
+            failover: Vec::new(),
         }
     }
 
@@ -262,6 +267,36 @@ impl MqttConfig {
         self
     }
 
+    /// Adds a broker to try when the current one fails: the nodes of a cluster, or a standby.
+    /// The sessions try the brokers in turn, the next one after each failed attempt or lost
+    /// connection, with the usual [backoff](crate::RelayConfig::reconnect_backoff) between
+    /// attempts; [`Status::broker`](crate::Status::broker) names the current one. Every broker
+    /// gets the same client id, credentials, TLS settings and protocol.
+    ///
+    /// The relay's guarantees hold across brokers: rows are marked only on a PUBACK, and every
+    /// new connection resumes from the oldest unacknowledged row. Brokers that are not one
+    /// cluster do not share subscriptions or queued commands: consumers must read from all of
+    /// them, and commands queued on one are delivered when the device connects there again.
+    ///
+    /// ```
+    /// use edge_outbox::MqttConfig;
+    /// let config = MqttConfig::new("node-1.example", 1883)
+    ///     .failover("node-2.example", 1883)
+    ///     .failover("node-3.example", 1883);
+    /// assert_eq!(config.brokers().count(), 3);
+    /// ```
+    pub fn failover(mut self, host: impl Into<String>, port: u16) -> Self {
+        self.failover.push((host.into(), port));
+        self
+    }
+
+    /// Every broker, in the order they are tried: this one, then the [`failover`](Self::failover)
+    /// ones.
+    pub fn brokers(&self) -> impl Iterator<Item = (&str, u16)> {
+        std::iter::once((self.host.as_str(), self.port))
+            .chain(self.failover.iter().map(|(h, p)| (h.as_str(), *p)))
+    }
+
     /// The broker host.
     pub fn host(&self) -> &str {
         &self.host
@@ -307,13 +342,14 @@ impl MqttConfig {
         self.tls.is_some()
     }
 
-    /// `host:port`, for logs and status: never the credentials.
+    /// `host:port` of the first broker, for logs and status: never the credentials.
     pub(crate) fn endpoint(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
+        endpoint(&self.host, self.port)
+    }
+
+    /// `host:port` of every broker, in the order they are tried.
+    pub(crate) fn endpoints(&self) -> Vec<String> {
+        self.brokers().map(|(h, p)| endpoint(h, p)).collect()
     }
 
     pub(crate) fn keep_alive_value(&self) -> Duration {
@@ -347,7 +383,7 @@ impl MqttConfig {
                 "keep_alive must be at most 65535 s (MQTT encodes it in 16 bits)".into(),
             ));
         }
-        if self.host.is_empty() {
+        if self.brokers().any(|(host, _)| host.is_empty()) {
             return Err(Error::InvalidConfig("broker host is empty".into()));
         }
         if self.max_packet_size < 128 || self.max_packet_size > PROTOCOL_MAX_PACKET {
@@ -360,6 +396,15 @@ impl MqttConfig {
                 .map_err(|e| Error::InvalidConfig(format!("status topic: {e}")))?;
         }
         Ok(())
+    }
+}
+
+/// `host:port`, with an IPv6 address in brackets.
+fn endpoint(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 

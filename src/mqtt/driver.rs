@@ -1,6 +1,7 @@
 //! Drives one MQTT session: a fresh rumqttc client and event loop for every connection, a backoff
 //! between attempts that resets only once a connection proved healthy, and each connection's
-//! events kept strictly between its `Connected` and its `Disconnected`.
+//! events kept strictly between its `Connected` and its `Disconnected`. With several brokers (a
+//! failover list), each failed attempt or lost connection moves on to the next one in turn.
 //!
 //! Why a fresh client per connection: rumqttc 0.25 keeps a packet-id collision across reconnects
 //! (`state.collision` survives `clean()`) and reads no request while it is set, so acks out of
@@ -34,6 +35,8 @@ pub(crate) enum Signal {
 pub(crate) struct Link {
     pub client: MqttClient,
     pub granted: Granted,
+    /// `host:port` of the broker this connection is to.
+    pub endpoint: String,
 }
 
 /// How often a quiet, connected session checks for a reconnect request while one may come (see
@@ -118,8 +121,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub(crate) struct Driver<'a> {
     /// For log lines: `relay` or `command session`.
     pub name: &'static str,
-    /// `host:port`, for log lines.
-    pub endpoint: String,
     pub options: &'a SessionOptions,
     pub handle: &'a SessionHandle,
     pub stop: &'a Receiver<()>,
@@ -143,16 +144,17 @@ impl Driver<'_> {
     /// Runs until `on_signal` says stop, the stop channel fires while waiting to reconnect, the
     /// handle is closed, or a DISCONNECT is sent.
     pub(crate) fn run(mut self, mut on_signal: impl FnMut(Signal) -> Result<Flow>) -> Result<()> {
-        let mut log = ConnectionLog::new(self.name, self.endpoint.clone());
+        let mut at = 0;
+        let mut log = ConnectionLog::new(self.name, self.options.endpoint(at).to_owned());
         loop {
             if self.stop.try_recv() != Err(TryRecvError::Empty) {
                 return Ok(());
             }
-            let (client, mut connection) = self.options.open();
+            let (client, mut connection) = self.options.open(at);
             if !self.handle.install(&client) {
                 return Ok(());
             }
-            let end = self.connection(&client, &mut connection, &mut log, &mut on_signal);
+            let end = self.connection(at, &client, &mut connection, &mut log, &mut on_signal);
             self.handle.clear();
             match end? {
                 End::Done => return Ok(()),
@@ -170,6 +172,10 @@ impl Driver<'_> {
                     if on_signal(Signal::Disconnected(cause))? == Flow::Stop {
                         return Ok(());
                     }
+                    if self.options.brokers() > 1 {
+                        at = (at + 1) % self.options.brokers();
+                        log.next_broker(self.options.endpoint(at));
+                    }
                     let delay = self.backoff.next_delay();
                     tracing::debug!(session = self.name, ?delay, "waiting before reconnecting");
                     if self.stop.recv_timeout(delay) != Err(RecvTimeoutError::Timeout) {
@@ -182,6 +188,7 @@ impl Driver<'_> {
 
     fn connection(
         &mut self,
+        at: usize,
         client: &MqttClient,
         connection: &mut Connection,
         log: &mut ConnectionLog,
@@ -238,6 +245,7 @@ impl Driver<'_> {
                     on_signal(Signal::Connected(Link {
                         client: client.clone(),
                         granted,
+                        endpoint: self.options.endpoint(at).to_owned(),
                     }))?
                 }
                 Step::Event(event) => {
@@ -390,6 +398,12 @@ impl ConnectionLog {
         } else {
             tracing::debug!(session = self.name, broker = %self.endpoint, attempt = self.failures + 1, "connected");
         }
+    }
+
+    /// The next attempt goes to another broker of the failover list.
+    fn next_broker(&mut self, endpoint: &str) {
+        tracing::info!(session = self.name, from = %self.endpoint, to = %endpoint, "trying the next broker of the failover list");
+        self.endpoint = endpoint.to_owned();
     }
 
     fn healthy(&mut self) {

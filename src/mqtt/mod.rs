@@ -9,10 +9,12 @@ mod config;
 pub(crate) mod driver;
 pub(crate) mod event;
 pub(crate) mod status;
+mod subscribe;
 mod tls;
 pub(crate) mod tracker;
 
 pub(crate) use aliases::Aliases;
 pub(crate) use client::{MqttClient, Recv, Role, SessionOptions};
 pub use config::{MqttConfig, Protocol};
+pub use subscribe::subscribe;
 pub use tls::TlsConfig;

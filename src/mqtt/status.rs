@@ -47,6 +47,18 @@ pub struct Status {
     /// Of those, rows set aside as poison: the oldest unacknowledged message across consecutive
     /// disconnects or ack timeouts.
     pub isolated: u64,
+    /// Messages removed unpublished because their expiry passed, since start.
+    pub expired: u64,
+    /// Messages covered by gap notices the broker acknowledged since start: every message the
+    /// device removed unpublished (evicted, expired, dead-lettered, purged) is announced to the
+    /// cloud this way.
+    pub gaps_announced: u64,
+    /// The broker the publishing session is connected to, or last tried (`host:port`, from the
+    /// failover list of [`MqttConfig`](crate::MqttConfig)).
+    pub broker: Option<String>,
+    /// What the relay's periodic integrity check found wrong with the database file, if it
+    /// found damage: restart the application, whose next open salvages the file.
+    pub database_damaged: Option<String>,
     /// The broker's maximum packet size from its last CONNACK (MQTT 5), if it sent one. Messages
     /// needing a larger packet are dead-lettered; an application can size
     /// [`Limits::max_payload_bytes`](crate::Limits::max_payload_bytes) from it.
@@ -124,6 +136,10 @@ pub(crate) struct StatusCell {
     dead_lettered: AtomicU64,
     refused: AtomicU64,
     isolated: AtomicU64,
+    expired: AtomicU64,
+    gaps_announced: AtomicU64,
+    broker: Mutex<Option<String>>,
+    damaged: Mutex<Option<String>>,
     connections: AtomicU64,
     disconnects: AtomicU64,
     commands_received: AtomicU64,
@@ -163,6 +179,8 @@ pub(crate) enum Source {
     Storing,
     /// Applying commands: clears on the next successful apply step.
     Applying,
+    /// The database file failed its integrity check: never clears (a restart salvages it).
+    Damaged,
 }
 
 /// The errors active now, one per source, and the last one that cleared.
@@ -302,6 +320,24 @@ impl StatusCell {
         self.refused.fetch_add(n as u64, Relaxed);
     }
 
+    pub(crate) fn on_expired(&self, n: u64) {
+        self.expired.fetch_add(n, Relaxed);
+    }
+
+    pub(crate) fn on_gap_announced(&self, messages: i64) {
+        self.gaps_announced
+            .fetch_add(u64::try_from(messages).unwrap_or(0), Relaxed);
+    }
+
+    /// The broker the publishing session now connects to.
+    pub(crate) fn set_broker(&self, endpoint: &str) {
+        *self.broker.lock().unwrap_or_else(PoisonError::into_inner) = Some(endpoint.to_owned());
+    }
+
+    pub(crate) fn set_damaged(&self, why: String) {
+        *self.damaged.lock().unwrap_or_else(PoisonError::into_inner) = Some(why);
+    }
+
     pub(crate) fn on_isolated(&self) {
         self.touch();
         self.isolated.fetch_add(1, Relaxed);
@@ -395,6 +431,14 @@ impl StatusCell {
             dead_lettered: self.dead_lettered.load(Relaxed),
             refused: self.refused.load(Relaxed),
             isolated: self.isolated.load(Relaxed),
+            expired: self.expired.load(Relaxed),
+            gaps_announced: self.gaps_announced.load(Relaxed),
+            broker: self.broker.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            database_damaged: self
+                .damaged
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone(),
             broker_max_packet_size: granted.max_packet_size,
             broker_receive_maximum: granted.receive_max,
             connections: self.connections.load(Relaxed),
@@ -423,12 +467,17 @@ impl StatusCell {
     }
 }
 
-/// One line for a log or a terminal: the connection, the publishing counters, the command
-/// counters when a command session runs, the last error, then the store ([`Stats`]'s `Display`).
+/// One line for a log or a terminal: the connection (and the broker of the failover list it is
+/// on), the publishing counters (expired and announced removals when there are any), a damaged
+/// database, the command counters when a command session runs, the last error, then the store
+/// ([`Stats`]'s `Display`).
 ///
 /// ```
-/// let status = edge_outbox::Status::default();
+/// let mut status = edge_outbox::Status::default();
 /// assert!(status.to_string().starts_with("disconnected, 0 in flight, 0 acknowledged"));
+/// status.connected = true;
+/// status.broker = Some("broker-b.example:1883".into());
+/// assert!(status.to_string().starts_with("connected to broker-b.example:1883, 0 in flight"));
 /// ```
 impl std::fmt::Display for Status {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -437,11 +486,25 @@ impl std::fmt::Display for Status {
         } else {
             "disconnected"
         };
+        write!(f, "{connected}")?;
+        if let Some(broker) = self.broker.as_deref().filter(|_| self.connected) {
+            write!(f, " to {broker}")?;
+        }
         write!(
             f,
-            "{connected}, {} in flight, {} acknowledged, {} resent, {} dead-lettered",
+            ", {} in flight, {} acknowledged, {} resent, {} dead-lettered",
             self.in_flight, self.acknowledged, self.resent, self.dead_lettered
         )?;
+        if self.gaps_announced > 0 || self.expired > 0 {
+            write!(
+                f,
+                ", {} expired, {} removed messages announced",
+                self.expired, self.gaps_announced
+            )?;
+        }
+        if let Some(damage) = &self.database_damaged {
+            write!(f, "; DATABASE DAMAGED: {damage}")?;
+        }
         if self.commands_connected || self.commands_received > 0 {
             write!(
                 f,

@@ -28,6 +28,8 @@ use crate::store::Options;
 pub(crate) enum Mark {
     /// Acknowledged rows, by sequence number.
     Acked(Vec<i64>),
+    /// Gap rows whose notices are acknowledged, as `seq` ranges.
+    Announced(Vec<(i64, i64)>),
     /// Reply once every batch sent before this one was marked (or failed to be).
     Sync(Sender<()>),
 }
@@ -57,6 +59,14 @@ impl Marks {
         self.tx.send(Mark::Acked(batch)).is_ok()
     }
 
+    /// Hands over gap ranges whose notices were acknowledged (and leaves `ranges` empty).
+    pub(crate) fn send_announced(&self, ranges: &mut Vec<(i64, i64)>) -> bool {
+        if ranges.is_empty() {
+            return true;
+        }
+        self.tx.send(Mark::Announced(std::mem::take(ranges))).is_ok()
+    }
+
     /// Hands `acked` over and waits until every batch so far is marked (or failed to be).
     pub(crate) fn sync(&self, acked: &mut Vec<i64>) {
         let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
@@ -78,14 +88,15 @@ impl Marker {
     /// until the publisher is gone and everything it sent is marked (or failed twice).
     pub(crate) fn run(mut self) -> Result<()> {
         let mut pending: Vec<i64> = Vec::new();
+        let mut announced: Vec<(i64, i64)> = Vec::new();
         let mut replies: Vec<Sender<()>> = Vec::new();
         let mut open = true;
         let mut failed = false;
-        while open || (!pending.is_empty() && !failed) {
+        while open || ((!pending.is_empty() || !announced.is_empty()) && !failed) {
             // Wait for work; after a failure, retry what is pending a little later anyway.
             let first = if !open {
                 None
-            } else if pending.is_empty() {
+            } else if pending.is_empty() && announced.is_empty() {
                 let m = self.rx.recv().ok();
                 open = m.is_some();
                 m
@@ -103,6 +114,7 @@ impl Marker {
             loop {
                 match next.take() {
                     Some(Mark::Acked(batch)) => pending.extend(batch),
+                    Some(Mark::Announced(ranges)) => announced.extend(ranges),
                     Some(Mark::Sync(reply)) => replies.push(reply),
                     None => {}
                 }
@@ -128,6 +140,18 @@ impl Marker {
                         tracing::error!(error = %e, rows = pending.len(), "could not mark acknowledged rows");
                         self.status
                             .set_error(Source::Marking, format!("marking acknowledged rows: {e}"));
+                        failed = !open;
+                    }
+                }
+            }
+            if !announced.is_empty() {
+                match super::gaps::mark_announced(&mut self.conn, &self.options, &announced) {
+                    Ok(()) => announced.clear(),
+                    // Kept and retried: a notice not marked is only published again (same id).
+                    Err(e) => {
+                        tracing::error!(error = %e, "could not mark announced gaps");
+                        self.status
+                            .set_error(Source::Marking, format!("marking announced gaps: {e}"));
                         failed = !open;
                     }
                 }

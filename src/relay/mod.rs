@@ -2,7 +2,15 @@
 //! apply commands.
 
 mod durability;
+mod gaps;
 mod lock;
+
+pub(crate) use gaps::FALLBACK_TOPIC as GAP_FALLBACK_TOPIC;
+
+/// The relay lock of `db`, taken while a damaged file is salvaged: no relay may use it meanwhile.
+pub(crate) fn lock_for_salvage(db: &std::path::Path) -> Result<RelayLock> {
+    RelayLock::acquire(db)
+}
 mod marker;
 mod publisher;
 mod report;
@@ -50,6 +58,7 @@ use crate::store::{Command, Outbox, Tx, connect};
 /// | [`retained_commands`](Self::retained_commands) | false: retained deliveries are ignored |
 /// | [`status_file`](Self::status_file) | false |
 /// | `metrics_file` (feature `metrics`) | none |
+/// | [`integrity_check_interval`](Self::integrity_check_interval) | 1 h |
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a builder: use the value it returns"]
 pub struct RelayConfig {
@@ -70,6 +79,7 @@ pub struct RelayConfig {
     pub(crate) retained_commands: bool,
     pub(crate) status_file: bool,
     pub(crate) metrics_file: Option<std::path::PathBuf>,
+    pub(crate) integrity_interval: Duration,
 }
 
 impl RelayConfig {
@@ -93,6 +103,7 @@ impl RelayConfig {
             retained_commands: false,
             status_file: false,
             metrics_file: None,
+            integrity_interval: Duration::from_secs(3600),
         }
     }
 
@@ -231,6 +242,17 @@ impl RelayConfig {
         self
     }
 
+    /// How often the relay checks the database file for damage while it runs (default 1 h),
+    /// within [`Options::integrity_check_budget`](crate::Options::integrity_check_budget). Damage
+    /// is logged at ERROR and reported in [`Status::database_damaged`]; the relay goes on with
+    /// what it can read, and the next [`Outbox::open`] salvages the file
+    /// ([`Options::salvage_on_corruption`](crate::Options::salvage_on_corruption)): restart the
+    /// application (`edge-outbox relay` exits with code 1 for its supervisor to restart it).
+    pub fn integrity_check_interval(mut self, interval: Duration) -> Self {
+        self.integrity_interval = interval;
+        self
+    }
+
     /// The command session's client id.
     pub fn commands_client_id(mut self, id: impl Into<String>) -> Self {
         self.commands_client_id = Some(id.into());
@@ -240,6 +262,11 @@ impl RelayConfig {
     /// The broker settings.
     pub fn mqtt(&self) -> &MqttConfig {
         &self.mqtt
+    }
+
+    /// The envelopes' `src`.
+    pub fn source_name(&self) -> &str {
+        &self.source
     }
 
     fn validate(&self) -> Result<()> {
@@ -402,6 +429,7 @@ impl Relay {
                 &config.commands_client(),
                 Role::Commands {
                     read_limit: config.command_read_limit,
+                    persistent: true,
                 },
             )?),
             None => None,
@@ -440,7 +468,7 @@ impl Relay {
         );
         let watched = relay.watch.is_some();
         let backoff = Backoff::new(config.backoff_min, config.backoff_max);
-        let endpoint = config.mqtt.endpoint();
+        let endpoints = config.mqtt.endpoints().join(", ");
 
         // Publishing session: one thread drives the connections, one feeds them rows, one marks
         // acks.
@@ -451,11 +479,9 @@ impl Relay {
             let stop = stop_rx.clone();
             let backoff = backoff.clone();
             let session = session.clone();
-            let endpoint = endpoint.clone();
             relay.spawn_thread("edge-outbox-mqtt", move || {
                 let driver = Driver {
                     name: "relay",
-                    endpoint,
                     options: &publish_options,
                     handle: &session,
                     stop: &stop,
@@ -494,7 +520,9 @@ impl Relay {
                 conn: connect(outbox.path(), outbox.options())?,
                 identity: Identity {
                     started_at_ms: crate::time::now_ms(),
-                    broker: endpoint.clone(),
+                    broker: config.mqtt.endpoint(),
+                    brokers: config.mqtt.endpoints(),
+                    source: config.source_name().to_owned(),
                     protocol: config.mqtt.version().as_str().to_owned(),
                     client_id: config.mqtt.id().to_owned(),
                     commands: config.commands.clone(),
@@ -519,7 +547,6 @@ impl Relay {
                 conn: session_conn,
                 options: outbox.options().clone(),
                 mqtt,
-                endpoint: endpoint.clone(),
                 handle,
                 filter: filter.clone(),
                 arrivals: arrivals_tx,
@@ -546,7 +573,7 @@ impl Relay {
             )?;
         }
         tracing::info!(
-            broker = %endpoint,
+            broker = %endpoints,
             protocol = %config.mqtt.version(),
             client_id = config.mqtt.id(),
             commands = ?config.commands,

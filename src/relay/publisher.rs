@@ -20,7 +20,7 @@
 //!   `poison_disconnects` strikes in a row the row is dead-lettered as poison, so one bad row
 //!   cannot stop the outbox behind it, and a single transient drop never dead-letters anything.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,8 +30,9 @@ use rusqlite::Connection;
 
 use super::RelayConfig;
 use super::durability::Barrier;
+use super::gaps;
 use super::marker::Marks;
-use super::rows::{self, Encoding, Ready, Unpublishable};
+use super::rows::{self, Encoding, Ready, Sinks, Unpublishable};
 use super::watch::Unsettled;
 use crate::error::Result;
 use crate::mqtt::backoff::Backoff;
@@ -41,6 +42,7 @@ use crate::mqtt::status::{Source, StatusCell};
 use crate::mqtt::tracker::{Seq, Tracker};
 use crate::mqtt::{Aliases, MqttClient, Protocol};
 use crate::store::Options;
+use crate::store::epoch::Epochs;
 use crate::store::uptime::UptimeClock;
 
 pub(crate) struct Publisher {
@@ -84,6 +86,19 @@ struct State {
     ready: VecDeque<Ready>,
     /// Highest sequence number read so far on this connection.
     cursor: i64,
+    /// Highest `outbox_gaps.gap_id` read so far on this connection.
+    gap_cursor: i64,
+    /// Gap notices handed out on this connection: token to `seq` range.
+    notices: HashMap<i64, (i64, i64)>,
+    /// Gap notices read but held until the rows before their range are queued, by token.
+    held: BTreeMap<i64, Ready>,
+    /// Gap ranges whose notices were acknowledged, not yet handed to the marker.
+    announced: Vec<(i64, i64)>,
+    /// Rows read whose expiry had passed: removed (with their gap rows) instead of published.
+    expired: Vec<i64>,
+    /// Which epoch each row is numbered in (read at start: epochs change only when a store is
+    /// opened).
+    epochs: Epochs,
     /// Highest sequence number handed to rumqttc, on any connection.
     highest_submitted: i64,
     /// Rows up to this number were handed to rumqttc on an earlier connection: handing one over
@@ -119,6 +134,7 @@ struct State {
     unsettled: Unsettled,
     stopping: Option<Instant>,
     next_prune: Instant,
+    next_check: Instant,
     /// The time this relay runs, written forward into the file (retention's second clock).
     uptime: UptimeClock,
 }
@@ -157,6 +173,12 @@ impl Publisher {
             tracker: Tracker::default(),
             ready: VecDeque::new(),
             cursor: 0,
+            gap_cursor: 0,
+            notices: HashMap::new(),
+            held: BTreeMap::new(),
+            announced: Vec::new(),
+            expired: Vec::new(),
+            epochs: Epochs::read(&self.conn)?,
             highest_submitted: 0,
             resend_through: 0,
             at_end: false,
@@ -175,6 +197,7 @@ impl Publisher {
             unsettled: Unsettled::default(),
             stopping: None,
             next_prune: now + self.config.prune_interval,
+            next_check: now + self.config.integrity_interval,
             uptime: UptimeClock::start(&self.options),
         };
         let mut stop = self.stop.clone();
@@ -292,6 +315,9 @@ impl Publisher {
             0
         };
         s.resend_through = s.highest_submitted;
+        s.gap_cursor = 0;
+        s.notices.clear();
+        s.held.clear();
         s.at_end = false;
         let g = &link.granted;
         let window = g.receive_max.map_or(self.config.max_in_flight, |m| {
@@ -327,6 +353,7 @@ impl Publisher {
             );
         }
         self.status.on_connected(g);
+        self.status.set_broker(&link.endpoint);
         if let Some(topic) = self.config.mqtt.status() {
             // QoS 0 reports packet id 0, which the tracker ignores: it is not a row.
             let _ = link
@@ -365,6 +392,11 @@ impl Publisher {
             }
         }
         match ack.verdict {
+            Verdict::Accepted if gaps::is_notice(seq) => {
+                self.status.on_answered(s.tracker.in_flight());
+                s.quota_backoff.reset();
+                self.announced(s, seq, None);
+            }
             Verdict::Accepted => {
                 crate::failpoint::hit("after-puback-before-mark");
                 s.acked.push(seq);
@@ -373,6 +405,20 @@ impl Publisher {
                 s.quota_backoff.reset();
                 if std::mem::take(&mut s.quota_error) {
                     self.status.clear_error(Source::Quota);
+                }
+            }
+            Verdict::Refused(reason) if gaps::is_notice(seq) => {
+                self.status.on_answered(s.tracker.in_flight());
+                self.announced(
+                    s,
+                    seq,
+                    Some(format!("the broker refused it: PUBACK reason {reason}")),
+                );
+                if awaited {
+                    self.renew(
+                        s,
+                        Cause::new(CauseKind::Retry, "a refused message held a packet id"),
+                    );
                 }
             }
             Verdict::Refused(reason) => {
@@ -404,6 +450,29 @@ impl Publisher {
                     );
                 }
             }
+        }
+    }
+
+    /// A gap notice is done with: acknowledged, or (with `failed`) given up on, which loses the
+    /// announcement (the cloud then sees those numbers as an unexplained gap) and is logged.
+    fn announced(&mut self, s: &mut State, token: i64, failed: Option<String>) {
+        let Some(range) = s.notices.remove(&token) else {
+            return;
+        };
+        match failed {
+            None => self.status.on_gap_announced(range.1 - range.0 + 1),
+            Some(why) => {
+                tracing::error!(first = range.0, last = range.1, %why, "a gap notice could not be published: the cloud will see these messages as an unexplained gap");
+                self.status.set_error(
+                    Source::Reading,
+                    format!("a gap notice could not be published: {why}"),
+                );
+            }
+        }
+        s.announced.push(range);
+        if !self.marks.send_announced(&mut s.announced) {
+            tracing::error!("the marker thread is gone; announced gaps stay recorded");
+            s.announced.clear();
         }
     }
 
@@ -493,6 +562,10 @@ impl Publisher {
             )
         };
         s.suspect = None;
+        if gaps::is_notice(seq) {
+            self.announced(s, seq, Some(reason));
+            return;
+        }
         tracing::warn!(seq, %reason, "isolating a message the broker keeps choking on");
         match rows::dead_letter(&mut self.conn, &[Unpublishable { seq, reason }]) {
             Ok(()) => {
@@ -545,6 +618,10 @@ impl Publisher {
             {
                 Ok(()) => {
                     s.tracker.submit(row.seq);
+                    if gaps::is_notice(row.seq) {
+                        self.status.on_published(s.tracker.in_flight(), false);
+                        continue;
+                    }
                     self.status
                         .on_published(s.tracker.in_flight(), row.seq <= s.resend_through);
                     s.highest_submitted = s.highest_submitted.max(row.seq);
@@ -572,6 +649,7 @@ impl Publisher {
         let mut bad = Vec::new();
         let enc = Encoding {
             source: &self.config.source,
+            epochs: &s.epochs,
             max_packet: live.max_packet,
             limit_owner: live.limit_owner,
             properties: match self.config.mqtt.version() {
@@ -580,14 +658,48 @@ impl Publisher {
             },
             allow_dollar: self.options.limits.dollar_topics_allowed(),
         };
-        let before = s.ready.len();
-        let read = rows::read_after(&self.conn, &enc, s.cursor, limit, &mut s.ready, &mut bad)?;
+        let mut notices = VecDeque::new();
+        let gap_read = gaps::read_after(
+            &self.conn,
+            &enc,
+            s.gap_cursor,
+            READ_BATCH,
+            &mut notices,
+            &mut s.notices,
+        )?;
+        s.gap_cursor = gap_read.last_gap_id.unwrap_or(s.gap_cursor);
+        s.held.extend(notices.into_iter().map(|n| (n.seq, n)));
+        let mut fresh = VecDeque::new();
+        let sinks = Sinks {
+            ready: &mut fresh,
+            bad: &mut bad,
+            expired: &mut s.expired,
+        };
+        let read = rows::read_after(&self.conn, &enc, s.cursor, limit, sinks)?;
         if std::mem::take(&mut s.read_failed_error) {
             self.status.clear_error(Source::Reading);
         }
         if crate::mutant::active("reorder") {
-            s.ready.make_contiguous()[before..].reverse();
+            fresh.make_contiguous().reverse();
         }
+        // Notices go out in number order among the rows, so the cloud sees one ordered stream:
+        // before the first row above their range, and once the rows are read past them (all of
+        // them at the end of the outbox). A removal behind the cursor goes out at once.
+        for row in fresh {
+            release_notices(&mut s.held, &mut s.ready, row.seq);
+            s.ready.push_back(row);
+        }
+        let rows_at_end = read.rows < limit;
+        let read_through = read.last_seq.unwrap_or(s.cursor).max(s.cursor);
+        release_notices(
+            &mut s.held,
+            &mut s.ready,
+            if rows_at_end {
+                i64::MAX
+            } else {
+                read_through.saturating_add(1)
+            },
+        );
         if let Some(last) = read.last_seq
             && last > s.durable_through
         {
@@ -609,9 +721,22 @@ impl Publisher {
             s.durable_through = high.max(last);
         }
         s.cursor = read.last_seq.unwrap_or(s.cursor);
-        s.at_end = read.rows < limit;
+        s.at_end = rows_at_end && gap_read.rows < READ_BATCH;
         if !bad.is_empty() {
             self.dead_letter(&bad);
+            // Their gap rows are new: read them.
+            s.at_end = false;
+        }
+        if !s.expired.is_empty() {
+            match rows::expire(&mut self.conn, &mut s.expired) {
+                Ok(n) => self.status.on_expired(n),
+                // They stay, and are found expired again on the next read.
+                Err(e) => {
+                    tracing::error!(error = %e, "could not remove expired rows");
+                    s.expired.clear();
+                }
+            }
+            s.at_end = false;
         }
         Ok(())
     }
@@ -628,6 +753,7 @@ impl Publisher {
         let refused = std::mem::take(&mut s.refused);
         match rows::dead_letter(&mut self.conn, &refused) {
             Ok(()) => {
+                s.at_end = false;
                 self.status.on_dead_lettered(refused.len());
                 self.status.on_refused(refused.len());
             }
@@ -668,6 +794,19 @@ impl Publisher {
                 s,
                 Cause::new(CauseKind::Retry, format!("{why}; publishing it again")),
             );
+        }
+        if now >= s.next_check && s.stopping.is_none() {
+            s.next_check = now + self.config.integrity_interval;
+            match crate::store::quick_check(&self.conn, self.options.integrity_budget) {
+                Ok(None) => {}
+                Ok(Some(why)) => {
+                    tracing::error!(damage = %why, "the database file is damaged: restart the application to salvage it");
+                    self.status
+                        .set_error(Source::Damaged, format!("the database file is damaged: {why}"));
+                    self.status.set_damaged(why);
+                }
+                Err(e) => tracing::warn!(error = %e, "could not check the database file"),
+            }
         }
         if let Err(e) = s.uptime.advance(&self.conn, false) {
             tracing::warn!(error = %e, "could not write the uptime clock forward");
@@ -722,6 +861,17 @@ impl Publisher {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "could not poll the database for changes"),
         }
+    }
+}
+
+/// Moves the held gap notices whose range starts below outbox row `below` to the end of `ready`.
+fn release_notices(held: &mut BTreeMap<i64, Ready>, ready: &mut VecDeque<Ready>, below: i64) {
+    let limit = gaps::TOKEN_BASE.saturating_add(below);
+    while let Some(entry) = held.first_entry() {
+        if *entry.key() >= limit {
+            return;
+        }
+        ready.push_back(entry.remove());
     }
 }
 

@@ -46,8 +46,17 @@ pub struct RelayReport {
     pub written_at_ms: i64,
     /// When the relay started, Unix milliseconds.
     pub started_at_ms: i64,
-    /// `host:port`.
+    /// `host:port` of the broker connected to (or last tried).
     pub broker: String,
+    /// The failover list, in the order tried.
+    #[serde(default)]
+    pub brokers: Vec<String>,
+    /// The envelopes' `src`.
+    #[serde(default)]
+    pub source: String,
+    /// The epoch the relay numbers messages in.
+    #[serde(default)]
+    pub epoch: u64,
     /// `5` or `3.1.1`.
     #[serde(default)]
     pub protocol: String,
@@ -76,6 +85,12 @@ pub struct RelayReport {
     /// Of those, set aside as poison.
     #[serde(default)]
     pub isolated: u64,
+    /// Messages removed unpublished because their expiry passed.
+    #[serde(default)]
+    pub expired: u64,
+    /// Messages covered by gap notices the broker acknowledged.
+    #[serde(default)]
+    pub gaps_announced: u64,
     /// The broker's maximum packet size from its CONNACK, if it sent one.
     #[serde(default)]
     pub broker_max_packet_size: Option<u32>,
@@ -198,6 +213,8 @@ fn unix_ms(t: SystemTime) -> i64 {
 pub(crate) struct Identity {
     pub started_at_ms: i64,
     pub broker: String,
+    pub brokers: Vec<String>,
+    pub source: String,
     pub protocol: String,
     pub client_id: String,
     pub commands: Option<String>,
@@ -210,7 +227,10 @@ pub(crate) fn report(id: &Identity, s: &crate::Status, wal_syncs: u64) -> RelayR
         pid: std::process::id(),
         written_at_ms: now_ms(),
         started_at_ms: id.started_at_ms,
-        broker: id.broker.clone(),
+        broker: s.broker.clone().unwrap_or_else(|| id.broker.clone()),
+        brokers: id.brokers.clone(),
+        source: id.source.clone(),
+        epoch: s.store.epoch,
         protocol: id.protocol.clone(),
         client_id: id.client_id.clone(),
         commands: id.commands.clone(),
@@ -223,6 +243,8 @@ pub(crate) fn report(id: &Identity, s: &crate::Status, wal_syncs: u64) -> RelayR
         dead_lettered: s.dead_lettered,
         refused: s.refused,
         isolated: s.isolated,
+        expired: s.expired,
+        gaps_announced: s.gaps_announced,
         broker_max_packet_size: s.broker_max_packet_size,
         connections: s.connections,
         disconnects: s.disconnects,

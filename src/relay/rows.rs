@@ -10,10 +10,13 @@ use crate::cbor::{self, Reader};
 use crate::envelope::{Fields, MessageId, Payload, decode_headers, write_envelope};
 use crate::error::Result;
 use crate::store::Options;
+use crate::store::epoch::Epochs;
+use crate::store::gaps::{self, Removal};
 use crate::time::now_ms;
 
-/// One outbox row, encoded and ready to hand to rumqttc.
+/// One outbox row (or gap notice), encoded and ready to hand to rumqttc.
 pub(crate) struct Ready {
+    /// The outbox row's `seq`; for a gap notice, its token (see `super::gaps`).
     pub seq: i64,
     pub topic: String,
     pub envelope: Vec<u8>,
@@ -27,6 +30,8 @@ pub(crate) struct Unpublishable {
 
 pub(crate) struct Encoding<'a> {
     pub source: &'a str,
+    /// Which epoch each row is numbered in.
+    pub epochs: &'a Epochs,
     /// Largest MQTT packet the connection allows, and whose limit it is (for the dead letter).
     pub max_packet: usize,
     pub limit_owner: &'static str,
@@ -44,6 +49,13 @@ pub(crate) struct Read {
     pub last_seq: Option<i64>,
 }
 
+/// Reads past `cursor`: rows whose expiry has passed are not encoded but collected in `expired`.
+pub(crate) struct Sinks<'s> {
+    pub ready: &'s mut VecDeque<Ready>,
+    pub bad: &'s mut Vec<Unpublishable>,
+    pub expired: &'s mut Vec<i64>,
+}
+
 /// Reads up to `limit` rows after `cursor`, in sequence order, into `ready`; rows that cannot be
 /// published go to `bad`.
 pub(crate) fn read_after(
@@ -51,14 +63,13 @@ pub(crate) fn read_after(
     cfg: &Encoding<'_>,
     cursor: i64,
     limit: usize,
-    ready: &mut VecDeque<Ready>,
-    bad: &mut Vec<Unpublishable>,
+    out: Sinks<'_>,
 ) -> Result<Read> {
     // The limit is written into the SQL, not bound: SQLite's planner reads a bound LIMIT, and
     // binding it again (even to the same value) makes it prepare the statement anew at every
     // step: about a tenth of the publisher's time, measured. It is the same on every call.
     let sql = format!(
-        "SELECT seq, id, topic, key, payload, event_type, headers, created_at
+        "SELECT seq, id, topic, key, payload, event_type, headers, created_at, expires_at
          FROM outbox WHERE seq > ?1 ORDER BY seq LIMIT {limit}"
     );
     let mut stmt = conn.prepare_cached(&sql)?;
@@ -67,13 +78,23 @@ pub(crate) fn read_after(
         rows: 0,
         last_seq: None,
     };
+    let now = now_ms();
     while let Some(row) = rows.next()? {
         let seq: i64 = row.get(0)?;
         read.rows += 1;
         read.last_seq = Some(seq);
+        if row
+            .get::<_, Option<i64>>(8)
+            .ok()
+            .flatten()
+            .is_some_and(|t| t <= now)
+        {
+            out.expired.push(seq);
+            continue;
+        }
         match encode_row(row, cfg) {
-            Ok(r) => ready.push_back(r),
-            Err(reason) => bad.push(Unpublishable { seq, reason }),
+            Ok(r) => out.ready.push_back(r),
+            Err(reason) => out.bad.push(Unpublishable { seq, reason }),
         }
     }
     Ok(read)
@@ -116,10 +137,12 @@ fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Resul
     };
     let created_ms: i64 = row.get(7).map_err(get)?;
     let mut envelope = Vec::with_capacity(96);
+    let (epoch, wire_seq) = cfg.epochs.locate(seq);
     let fields = Fields {
         id: &id,
         source: cfg.source,
-        seq: u64::try_from(seq).unwrap_or(0),
+        epoch,
+        seq: wire_seq,
         key: &key,
         created_ms: u64::try_from(created_ms).unwrap_or(0),
         event_type,
@@ -149,7 +172,7 @@ fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Resul
 pub(crate) fn mark_acked(conn: &mut Connection, options: &Options, seqs: &mut Vec<i64>) -> Result<()> {
     seqs.sort_unstable();
     seqs.dedup();
-    let runs = runs(seqs);
+    let runs = gaps::runs(seqs);
     let half = seqs.len() / 2;
     let _turn = crate::store::gate::enter(conn, options.busy_timeout)?;
     // No fold here: deleting rows that were never counted leaves the counters' page alone, so a
@@ -191,22 +214,12 @@ pub(crate) fn mark_acked(conn: &mut Connection, options: &Options, seqs: &mut Ve
     Ok(())
 }
 
-/// Sorted, distinct sequence numbers as runs of consecutive numbers `(first, last)`.
-fn runs(sorted: &[i64]) -> Vec<(i64, i64)> {
-    let mut runs: Vec<(i64, i64)> = Vec::new();
-    for &seq in sorted {
-        match runs.last_mut() {
-            Some((_, last)) if *last + 1 == seq => *last = seq,
-            _ => runs.push((seq, seq)),
-        }
-    }
-    runs
-}
-
-/// Moves rows that can never be published to the dead letters, with the reason.
+/// Moves rows that can never be published to the dead letters, with the reason, and records
+/// each as a gap for the cloud (in the same transaction).
 pub(crate) fn dead_letter(conn: &mut Connection, bad: &[Unpublishable]) -> Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     for b in bad {
+        gaps::record(&tx, b.seq, b.seq, Removal::DeadLettered, Some(&b.reason))?;
         tx.execute(
             "INSERT INTO dead_letters (origin, message_id, topic, key, payload, event_type, headers,
                                        reason, created_at)
@@ -221,20 +234,25 @@ pub(crate) fn dead_letter(conn: &mut Connection, bad: &[Unpublishable]) -> Resul
     Ok(())
 }
 
+/// Removes rows whose expiry passed before they could be published, recording the gaps.
+pub(crate) fn expire(conn: &mut Connection, expired: &mut Vec<i64>) -> Result<u64> {
+    expired.sort_unstable();
+    expired.dedup();
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let n = gaps::remove(&tx, expired, Removal::Expired, None)?;
+    tx.commit()?;
+    expired.clear();
+    if n > 0 {
+        tracing::info!(
+            messages = n,
+            "expired messages removed unpublished (a gap notice follows)"
+        );
+    }
+    Ok(n)
+}
+
 /// The database's change counter as this connection sees it: it moves when another connection
 /// commits, which is how rows written by other processes are noticed without scanning.
 pub(crate) fn data_version(conn: &Connection) -> Result<i64> {
     Ok(conn.query_row("PRAGMA data_version", [], |r| r.get(0))?)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::runs;
-
-    #[test]
-    fn runs_group_consecutive_numbers() {
-        assert_eq!(runs(&[]), vec![]);
-        assert_eq!(runs(&[5]), vec![(5, 5)]);
-        assert_eq!(runs(&[1, 2, 3, 7, 8, 9, 11]), vec![(1, 3), (7, 9), (11, 11)]);
-    }
 }

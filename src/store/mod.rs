@@ -3,13 +3,17 @@
 mod apply;
 pub(crate) mod counters;
 mod dead_letters;
+pub(crate) mod epoch;
+pub(crate) mod gaps;
 pub(crate) mod gate;
 mod inbox;
+mod integrity;
 mod open;
 mod options;
 pub(crate) mod outbox;
 mod reentry;
 mod requeue;
+mod salvage;
 mod schema;
 mod stats;
 pub(crate) mod uptime;
@@ -30,6 +34,7 @@ pub(crate) use open::connect;
 pub use open::default_path;
 pub use options::{Limits, OnFull, Options, Synchronous};
 pub use outbox::{Committed, Message, Tx, enqueue};
+pub use salvage::{Salvaged, SalvagedTable};
 pub use schema::{SCHEMA_VERSION, schema_version};
 pub use stats::Stats;
 
@@ -84,7 +89,8 @@ impl Outbox {
     /// Opens the store at `path` with `options`.
     pub fn open_with(path: impl AsRef<Path>, options: Options) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let conn = open::connect(&path, &options)?;
+        let mut conn = open_checked(&path, &options)?;
+        epoch::check_file(&mut conn, &path)?;
         let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
         Ok(Outbox {
             shared: Arc::new(Shared {
@@ -101,6 +107,22 @@ impl Outbox {
                 durable_seq: Arc::new(AtomicI64::new(0)),
             }),
         })
+    }
+
+    /// Salvages the store at `path` by hand, damaged or not: moves the file (and its WAL) aside
+    /// as `<name>.corrupt-<unix ms>` and copies everything readable into a fresh file at `path`
+    /// (see [`Options::salvage_on_corruption`], which does this on open when the integrity check
+    /// fails). Pending messages keep their numbers; new ones are numbered in a new epoch; pending
+    /// messages that could not be read are announced to the cloud as an `unrecoverable` gap.
+    /// Fails with [`Error::RelayAlreadyRunning`] while a relay uses the file; other processes
+    /// must not have it open either.
+    pub fn salvage(path: impl AsRef<Path>, options: &Options) -> Result<Salvaged> {
+        options.validate()?;
+        let path = path.as_ref();
+        if !path.exists() {
+            return Err(Error::NotFound(format!("database {}", path.display())));
+        }
+        salvage::salvage(path, options, "salvage asked for")
     }
 
     /// Opens the store in the platform data directory for `app` (see [`default_path`]).
@@ -322,6 +344,53 @@ impl Outbox {
         }
     }
 
+    /// Removes pending messages unpublished, for an operator: those on `topic`, or all of them
+    /// with `None`. Each removal is recorded in the same transaction, and the relay announces it
+    /// to the cloud as a gap (cause `purged`), so the loss is visible there rather than silent.
+    /// Returns how many were removed.
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().expect("temp dir");
+    /// let outbox = edge_outbox::Outbox::open(dir.path().join("device.db"))?;
+    /// outbox.transaction(|tx| {
+    ///     tx.publish("debug/trace", "t", &"verbose")?;
+    ///     tx.publish("orders/placed", "o-1", &40)
+    /// })?;
+    /// assert_eq!(outbox.purge_pending(Some("debug/trace"))?, 1);
+    /// assert_eq!(outbox.stats()?.pending_messages, 1);
+    /// # Ok::<(), edge_outbox::Error>(())
+    /// ```
+    pub fn purge_pending(&self, topic: Option<&str>) -> Result<u64> {
+        self.check_can_write("Outbox::purge_pending")?;
+        let _turn = self.enter_gate()?;
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let seqs = {
+            let mut stmt =
+                tx.prepare("SELECT seq FROM outbox WHERE ?1 IS NULL OR topic = ?1 ORDER BY seq")?;
+            stmt.query_map([topic], |r| r.get::<_, i64>(0))?
+                .collect::<rusqlite::Result<Vec<i64>>>()?
+        };
+        let removed = gaps::remove(&tx, &seqs, gaps::Removal::Purged, None)?;
+        tx.commit()?;
+        drop(conn);
+        if removed > 0 {
+            tracing::warn!(
+                messages = removed,
+                topic,
+                "purged pending messages unpublished (the relay announces the gap)"
+            );
+            self.wake_relay();
+        }
+        Ok(removed)
+    }
+
+    /// The epoch this store numbers new messages in (the envelope's `ep`). It changes when the
+    /// file is recreated, restored from a copy, or salvaged after damage.
+    pub fn epoch(&self) -> Result<u64> {
+        epoch::current(&self.lock())
+    }
+
     /// Runs `f` with this handle's connection, for reads and maintenance the crate does not wrap.
     /// Writes should go through [`Outbox::transaction`].
     pub fn with_connection<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
@@ -387,6 +456,62 @@ impl Outbox {
     }
 }
 
+/// A connection to the store at `path`, after the integrity check: a damaged file is salvaged
+/// (or refused, with [`Options::salvage_on_corruption`] off).
+fn open_checked(path: &Path, options: &Options) -> Result<Connection> {
+    salvage::finish_interrupted(path)?;
+    let damage = match open::connect(path, options) {
+        Ok(conn) => {
+            let budget = options.integrity_budget;
+            if budget.is_zero() {
+                return Ok(conn);
+            }
+            match integrity::check(&conn, Some(budget), false)? {
+                integrity::Health::Ok => return Ok(conn),
+                integrity::Health::Unfinished => {
+                    tracing::info!(path = %path.display(), ?budget, "the integrity check did not finish within its budget: not checked this time");
+                    return Ok(conn);
+                }
+                integrity::Health::Damaged(why) => {
+                    // Leave the damaged file and its WAL as they are, for the salvage and for
+                    // whoever looks at the copy kept aside.
+                    let _ = conn
+                        .set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true);
+                    why
+                }
+            }
+        }
+        Err(e) if integrity::is_corruption(&e) => e.to_string(),
+        Err(e) => return Err(e),
+    };
+    if !options.salvage {
+        tracing::error!(path = %path.display(), damage, "the database file is damaged");
+        return Err(Error::Corrupt {
+            path: path.to_path_buf(),
+            detail: damage,
+        });
+    }
+    salvage::salvage(path, options, &damage)?;
+    open::connect(path, options)
+}
+
+/// Runs SQLite's full `integrity_check` on `conn` (no time limit): `None` when the file is
+/// sound, else what is wrong. Reads only: works on a read-only connection (`edge-outbox doctor`).
+pub fn integrity_check(conn: &Connection) -> Result<Option<String>> {
+    Ok(match integrity::check(conn, None, true)? {
+        integrity::Health::Damaged(why) => Some(why),
+        integrity::Health::Ok | integrity::Health::Unfinished => None,
+    })
+}
+
+/// A quick check of `conn` within `budget`, for the relay's periodic look: the damage, if any.
+pub(crate) fn quick_check(conn: &Connection, budget: Duration) -> Result<Option<String>> {
+    Ok(match integrity::check(conn, Some(budget), false)? {
+        integrity::Health::Damaged(why) => Some(why),
+        integrity::Health::Ok | integrity::Health::Unfinished => None,
+    })
+}
+
 /// What one slice of housekeeping did.
 pub(crate) struct Maintenance {
     /// Rows deleted past their retention.
@@ -414,7 +539,9 @@ pub(crate) fn maintain_for(conn: &Connection, options: &Options, budget: Duratio
         tx.commit()?;
     }
     loop {
-        let n = inbox::prune(conn, options, PRUNE_BATCH)? + outbox::prune_sent(conn, options, PRUNE_BATCH)?;
+        let n = gaps::expire_due(conn, PRUNE_BATCH)?
+            + inbox::prune(conn, options, PRUNE_BATCH)?
+            + outbox::prune_sent(conn, options, PRUNE_BATCH)?;
         deleted += n;
         if n == 0 {
             break;

@@ -89,6 +89,10 @@ fn classify_open_error(path: &Path, e: rusqlite::Error) -> Error {
         Some(ErrorCode::NotADatabase) => Error::NotADatabase {
             path: path.to_path_buf(),
         },
+        Some(ErrorCode::DatabaseCorrupt) => Error::Corrupt {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        },
         Some(ErrorCode::ReadOnly | ErrorCode::CannotOpen | ErrorCode::PermissionDenied)
             if is_read_only(path) =>
         {

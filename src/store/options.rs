@@ -165,6 +165,8 @@ impl Limits {
 /// | [`attempt_timeout`](Self::attempt_timeout) | 10 min |
 /// | [`retry_backoff`](Self::retry_backoff) | 1 s doubling to 5 min |
 /// | [`sent_retention`](Self::sent_retention) | none: acknowledged rows are deleted |
+/// | [`integrity_check_budget`](Self::integrity_check_budget) | 1 s |
+/// | [`salvage_on_corruption`](Self::salvage_on_corruption) | true |
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a builder: use the value it returns"]
 pub struct Options {
@@ -180,6 +182,8 @@ pub struct Options {
     pub(crate) backoff_min: Duration,
     pub(crate) backoff_max: Duration,
     pub(crate) sent_retention: Option<Duration>,
+    pub(crate) integrity_budget: Duration,
+    pub(crate) salvage: bool,
     #[cfg(feature = "signed-commands")]
     pub(crate) trusted_keys: Option<crate::signed::TrustedKeys>,
 }
@@ -199,6 +203,8 @@ impl Default for Options {
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             sent_retention: None,
+            integrity_budget: Duration::from_secs(1),
+            salvage: true,
             #[cfg(feature = "signed-commands")]
             trusted_keys: None,
         }
@@ -326,6 +332,30 @@ impl Options {
     /// The configured limits.
     pub fn storage_limits(&self) -> &Limits {
         &self.limits
+    }
+
+    /// How long the integrity check on open may take (default 1 s; zero skips it). SQLite's
+    /// `quick_check` reads every page; one that does not finish in time is abandoned (logged),
+    /// and the file is used as it is. Raise it for large files on slow storage, or run
+    /// `edge-outbox doctor`, which has no limit. A running relay checks again now and then
+    /// ([`RelayConfig::integrity_check_interval`](crate::RelayConfig::integrity_check_interval)).
+    pub fn integrity_check_budget(mut self, budget: Duration) -> Self {
+        self.integrity_budget = budget;
+        self
+    }
+
+    /// What opening does with a damaged file (default true: salvage it). A file that fails the
+    /// integrity check, or that SQLite reports as corrupt while opening, is moved aside (renamed
+    /// `<name>.corrupt-<unix ms>`, with its WAL), and everything still readable (the
+    /// application's tables, pending messages, commands, dead letters) is copied into a fresh
+    /// file at the same path, which numbers new messages in a new epoch; pending messages that
+    /// could not be read are announced to the cloud as an `unrecoverable` gap. Logged at ERROR
+    /// and counted ([`Stats::salvaged`](crate::Stats::salvaged)). With false, opening fails with
+    /// [`Error::Corrupt`] and leaves the file alone (`edge-outbox doctor --salvage` does the
+    /// same by hand).
+    pub fn salvage_on_corruption(mut self, salvage: bool) -> Self {
+        self.salvage = salvage;
+        self
     }
 
     pub(crate) fn validate(&self) -> Result<()> {

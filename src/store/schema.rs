@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use crate::error::{Error, Result};
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Column default for "now" in Unix milliseconds. `julianday` works in every SQLite a foreign
 /// writer may link (Debian's Python ships 3.40), unlike `unixepoch('subsec')` (3.42+).
@@ -21,7 +21,7 @@ macro_rules! now_ms_sql {
 }
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
 
 /// Version 1: the outbox, the inbox, dead letters.
 const V1: &str = concat!(
@@ -172,6 +172,85 @@ BEGIN
 END;
 ";
 
+/// Version 5: loss the cloud can see. Epochs number each (source, epoch)'s messages from 1 with no
+/// gap; every message the device removes before publishing it leaves a row in `outbox_gaps`, in
+/// the transaction that removes it, until the relay has published its gap notice. Messages may
+/// expire. (The SQL default for `outbox.id` becomes a valid UUIDv4 in `fix_id_default`.)
+const V5: &str = concat!(
+    "
+-- One row per epoch. An epoch numbers the outbox rows from first_seq on: the envelope's seq is
+-- outbox.seq - first_seq + 1, so each epoch starts at 1. A new epoch starts when the schema is
+-- created, when the file turns out to be a copy (restored from a backup), and after a salvage.
+CREATE TABLE edge_outbox_epochs (
+    epoch      INTEGER PRIMARY KEY CHECK (epoch > 0),
+    first_seq  INTEGER NOT NULL UNIQUE,
+    reason     TEXT    NOT NULL,
+    started_at INTEGER NOT NULL DEFAULT ",
+    now_ms_sql!(),
+    "
+);
+-- 63 random bits: a new number, whatever the file held before.
+INSERT INTO edge_outbox_epochs (epoch, first_seq, reason)
+VALUES (max(1, random() & 0x7FFFFFFFFFFFFFFF), 1,
+        CASE WHEN EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'outbox') THEN 'migrated' ELSE 'created' END);
+
+-- Messages removed before they were published, until the relay's gap notice for them is
+-- acknowledged. Written in the transaction that removes the message, so a crash cannot lose it.
+CREATE TABLE outbox_gaps (
+    gap_id     INTEGER PRIMARY KEY AUTOINCREMENT,  -- recording order: the relay reads from a cursor
+    seq        INTEGER NOT NULL UNIQUE,            -- the removed message's outbox seq
+    last_seq   INTEGER,                            -- a range seq..last_seq (a salvage); NULL: one
+    topic      TEXT    NOT NULL,                   -- its topic: the notice is published there
+    cause      TEXT    NOT NULL,                   -- evicted, expired, dead-lettered, purged, unrecoverable
+    why        TEXT,
+    removed_at INTEGER NOT NULL DEFAULT ",
+    now_ms_sql!(),
+    "
+);
+
+-- When set (ms), the message is removed unpublished once this time has passed (a gap notice
+-- says so).
+ALTER TABLE outbox ADD COLUMN expires_at INTEGER;
+CREATE INDEX outbox_expiring ON outbox (expires_at) WHERE expires_at IS NOT NULL;
+"
+);
+
+/// The column default that mints a message id for a foreign writer: 16 random bytes with the
+/// UUID version (4) and variant (10xx) bits set. SQLite before 3.41 has no `unhex`, so the two
+/// fixed nibbles are picked from a literal of every allowed byte; `||` yields text, and the CAST
+/// gives back its bytes as a BLOB (NUL bytes included).
+pub(crate) const UUID_V4_SQL: &str = "CAST(randomblob(6) \
+    || substr(x'404142434445464748494a4b4c4d4e4f', (random() & 15) + 1, 1) \
+    || randomblob(1) \
+    || substr(x'808182838485868788898a8b8c8d8e8f909192939495969798999a9b9c9d9e9f\
+a0a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3b4b5b6b7b8b9babbbcbdbebf', (random() & 63) + 1, 1) \
+    || randomblob(7) AS BLOB)";
+
+/// Changes `outbox.id`'s default from `randomblob(16)` to [`UUID_V4_SQL`] without rebuilding the
+/// table (which would drop its triggers and its AUTOINCREMENT counter). A default is not part of
+/// the stored rows, so SQLite documents editing the schema text for it ("Making Other Kinds Of
+/// Table Schema Changes"): in the migration's transaction, with the schema cookie bumped.
+fn fix_id_default(tx: &rusqlite::Transaction<'_>) -> Result<()> {
+    let old = "DEFAULT (randomblob(16))";
+    let new = format!("DEFAULT ({UUID_V4_SQL})");
+    let cookie: i64 = tx.query_row("PRAGMA schema_version", [], |r| r.get(0))?;
+    tx.execute_batch("PRAGMA writable_schema = ON")?;
+    let changed = tx.execute(
+        "UPDATE sqlite_schema SET sql = replace(sql, ?1, ?2)
+         WHERE type = 'table' AND name = 'outbox' AND instr(sql, ?1) > 0",
+        [old, new.as_str()],
+    );
+    let bumped = tx.execute_batch(&format!("PRAGMA schema_version = {}", cookie + 1));
+    tx.execute_batch("PRAGMA writable_schema = OFF")?;
+    if changed? != 1 {
+        return Err(Error::InvalidConfig(
+            "the outbox table's id default is not the one edge-outbox created: not migrating it".into(),
+        ));
+    }
+    bumped?;
+    Ok(())
+}
+
 /// The schema version of the store `conn` is on: 0 for a file edge-outbox has never opened. Reads
 /// only, so it works on a read-only connection (the CLI checks a file with it before touching it).
 pub fn schema_version(conn: &Connection) -> Result<i64> {
@@ -211,6 +290,9 @@ pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {
             continue;
         }
         tx.execute_batch(sql)?;
+        if target == 5 {
+            fix_id_default(&tx)?;
+        }
         tx.execute(
             "INSERT INTO edge_outbox_meta (name, value) VALUES ('schema_version', ?1)
              ON CONFLICT (name) DO UPDATE SET value = excluded.value",

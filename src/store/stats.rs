@@ -30,6 +30,14 @@ pub struct Stats {
     pub inbox_unapplied: u64,
     /// Applied command ids retained to recognise redeliveries.
     pub inbox_applied: u64,
+    /// The epoch new messages are numbered in (the envelope's `ep`; see [`Outbox::epoch`](crate::Outbox::epoch)).
+    pub epoch: u64,
+    /// Messages removed unpublished (evicted, expired, dead-lettered, purged) whose gap notice the
+    /// relay has not yet had acknowledged.
+    pub gaps_unannounced: u64,
+    /// How many times this device's store was found damaged and salvaged into a fresh file
+    /// (see [`Options::salvage_on_corruption`](crate::Options::salvage_on_corruption)).
+    pub salvaged: u64,
 }
 
 impl Stats {
@@ -58,6 +66,7 @@ fn read_now(conn: &Connection) -> Result<Stats> {
         .query_row([], |r| r.get(0))
         .optional()?;
     let count = |sql: &str| -> Result<u64> { Ok(conn.prepare_cached(sql)?.query_row([], |r| r.get(0))?) };
+    let v5 = super::schema_version(conn)? >= 5;
     Ok(Stats {
         pending_messages,
         pending_bytes,
@@ -67,18 +76,31 @@ fn read_now(conn: &Connection) -> Result<Stats> {
         dead_letters: count("SELECT count(*) FROM dead_letters")?,
         inbox_unapplied: count("SELECT count(*) FROM inbox WHERE applied_at IS NULL AND dead_at IS NULL")?,
         inbox_applied: count("SELECT count(*) FROM inbox WHERE applied_at IS NOT NULL")?,
+        // A file not yet migrated (read by the CLI, read-only) has neither.
+        epoch: if v5 { super::epoch::current(conn)? } else { 0 },
+        gaps_unannounced: if v5 {
+            count("SELECT count(*) FROM outbox_gaps")?
+        } else {
+            0
+        },
+        salvaged: count(
+            "SELECT coalesce((SELECT value FROM edge_outbox_meta WHERE name = 'corruptions_salvaged'), 0)",
+        )?,
     })
 }
 
 /// One line for a log or a terminal:
-/// `12 pending (3456 B, oldest 5.2s), 0 evicted, 0 dead letters, inbox 0 unapplied / 1 applied`.
+/// `12 pending (3456 B, oldest 5.2s), 0 evicted, 0 dead letters, inbox 0 unapplied / 1 applied`,
+/// then `, 2 gaps to announce` and `, salvaged 1 times` when there are any.
 ///
 /// ```
-/// let stats = edge_outbox::Stats::default();
+/// let mut stats = edge_outbox::Stats::default();
 /// assert_eq!(
 ///     stats.to_string(),
 ///     "0 pending (0 B), 0 evicted, 0 dead letters, inbox 0 unapplied / 0 applied"
 /// );
+/// stats.gaps_unannounced = 2;
+/// assert!(stats.to_string().ends_with("0 applied, 2 gaps to announce"));
 /// ```
 impl std::fmt::Display for Stats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -90,6 +112,14 @@ impl std::fmt::Display for Stats {
             f,
             "), {} evicted, {} dead letters, inbox {} unapplied / {} applied",
             self.evicted, self.dead_letters, self.inbox_unapplied, self.inbox_applied
-        )
+        )?;
+        // What the cloud has not been told yet, and a past salvage: only when there is any.
+        if self.gaps_unannounced > 0 {
+            write!(f, ", {} gaps to announce", self.gaps_unannounced)?;
+        }
+        if self.salvaged > 0 {
+            write!(f, ", salvaged {} times", self.salvaged)?;
+        }
+        Ok(())
     }
 }

@@ -31,6 +31,7 @@ pub fn command_bytes<T: serde::Serialize>(id: MessageId, key: &str, payload: &T)
     Ok(Envelope {
         id,
         source: "cloud".into(),
+        epoch: 0,
         seq: 1,
         key: key.into(),
         created_ms: 1_700_000_000_000,

@@ -189,6 +189,7 @@ impl Lab {
             let bytes = Envelope {
                 id,
                 source: "cloud".into(),
+                epoch: 0,
                 seq: j as u64,
                 key: account.clone().into(),
                 created_ms: 0,

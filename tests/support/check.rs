@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use edge_outbox::{Envelope, MessageId};
+use edge_outbox::{Envelope, MessageId, Published};
 
 use super::subscriber::Message;
 
@@ -18,13 +18,18 @@ pub struct Delivery {
     pub duplicates: usize,
 }
 
-/// Decodes every message as an envelope; a malformed one fails the test.
+/// Decodes every message as an envelope, skipping gap notices; a malformed one fails the test.
 pub fn decode_all(messages: &[Message]) -> Vec<Envelope<'static>> {
     messages
         .iter()
-        .map(|m| {
-            Envelope::decode(&m.payload)
+        .filter_map(|m| {
+            match Published::decode(&m.payload)
                 .unwrap_or_else(|e| panic!("undecodable envelope on {}: {e}", m.topic))
+            {
+                Published::Message(env) => Some(env),
+                Published::Gap(_) => None,
+                other => panic!("unexpected item on {}: {other:?}", m.topic),
+            }
         })
         .collect()
 }

@@ -138,6 +138,11 @@ impl Child {
         })
     }
 
+    /// Kills the child (SIGKILL, by its pid) and reaps it.
+    pub fn kill(&mut self) {
+        self.process.kill_and_wait();
+    }
+
     /// Waits up to `timeout` for a line starting with `prefix`; returns it.
     pub fn wait_for(&mut self, prefix: &str, timeout: Duration) -> Option<String> {
         if let Some(line) = self.said.iter().find(|l| l.starts_with(prefix)) {

@@ -11,9 +11,11 @@ use crate::exit::CliError;
 #[derive(Debug, Args)]
 pub struct BrokerArgs {
     /// mqtt://[USER[:PASSWORD]@]HOST[:PORT] (plain TCP, default port 1883) or mqtts://... (TLS,
-    /// default port 8883, the system's CAs unless --ca).
-    #[arg(long, value_name = "URL")]
-    pub broker: String,
+    /// default port 8883, the system's CAs unless --ca). Repeat it for a failover list (the nodes
+    /// of a cluster): the brokers are tried in turn, the next after each failed attempt or lost
+    /// connection; all take the first one's scheme and credentials.
+    #[arg(long, value_name = "URL", required = true)]
+    pub broker: Vec<String>,
     /// MQTT protocol version: 5, or 3.1.1 for brokers that do not speak 5 (a broker then cannot
     /// refuse a message: see docs/reliability.md).
     #[arg(long, value_name = "VERSION", default_value = "5", value_parser = ["5", "3.1.1"])]
@@ -35,14 +37,39 @@ impl BrokerArgs {
     /// TLS, if given (each command names those options its own way); every problem is a usage
     /// error (exit 2).
     pub fn mqtt(&self, client_auth: Option<(&Path, &Path)>) -> Result<MqttConfig> {
-        let mut mqtt = MqttConfig::from_url(&self.broker)?;
+        let Some((first, more)) = self.broker.split_first() else {
+            return Err(CliError::usage("--broker is required"));
+        };
+        let mut mqtt = MqttConfig::from_url(first)?;
+        for url in more {
+            let other = MqttConfig::from_url(url)?;
+            if other.uses_tls() != mqtt.uses_tls() {
+                return Err(CliError::usage(format!(
+                    "every --broker of a failover list needs the same scheme (mqtt or mqtts): \
+                     the one for {}:{} differs from the first",
+                    other.host(),
+                    other.port()
+                )));
+            }
+            if other.username().is_some() && other.username() != mqtt.username() {
+                return Err(CliError::usage(
+                    "every --broker of a failover list uses the first one's credentials: give them once",
+                ));
+            }
+            mqtt = mqtt.failover(other.host(), other.port());
+        }
+        if self.broker.iter().any(|url| has_password(url)) && mqtt.username().is_none() {
+            return Err(CliError::usage(
+                "credentials in a later --broker are not used: give them in the first",
+            ));
+        }
         if mqtt.username().is_some() {
             if self.username.is_some() {
                 return Err(CliError::usage(
                     "credentials twice: give them in the --broker URL or with --username, not both",
                 ));
             }
-            if has_password(&self.broker) {
+            if self.broker.iter().any(|url| has_password(url)) {
                 tracing::warn!(
                     target: "edge_outbox::cli",
                     "the password in --broker is visible to other local users (process list): prefer --username with --password-file"

@@ -18,6 +18,8 @@ pub enum Code {
     RelayRunning = 4,
     /// 5: the dead letter named does not exist.
     NotFound = 5,
+    /// 6: `consume --fail-on-gap` found messages missing without a gap notice.
+    UnexplainedGaps = 6,
 }
 
 /// A failure to report: a code and a message saying what failed and what to do.
@@ -90,6 +92,7 @@ impl From<edge_outbox::Error> for CliError {
             E::NotFound(_) => Code::NotFound,
             E::InvalidConfig(_) | E::InvalidTopic { .. } => Code::Usage,
             E::NotADatabase { .. }
+            | E::Corrupt { .. }
             | E::SchemaTooNew { .. }
             | E::Busy
             | E::ReadOnly { .. }

@@ -8,11 +8,13 @@
 
 mod broker_args;
 mod command;
+mod consume;
 mod db;
 mod dead_letters;
 mod decode;
 #[cfg(feature = "demo")]
 mod demo;
+mod doctor;
 mod exit;
 mod inbox;
 mod logging;
@@ -20,6 +22,7 @@ mod metrics;
 mod output;
 mod pending;
 mod progress;
+mod purge;
 mod relay;
 mod relay_probe;
 mod status;
@@ -41,6 +44,7 @@ Exit codes:
      schema too new)
   4  another relay is already running on this database
   5  the dead letter named does not exist
+  6  consume --fail-on-gap: messages went missing without a gap notice
 
 Errors are one line on stderr. See docs/operations.md.";
 
@@ -88,6 +92,10 @@ enum Command {
     /// Messages and commands set aside for an operator.
     #[command(subcommand)]
     DeadLetters(dead_letters::DeadLettersCommand),
+    /// Remove pending messages unpublished (a topic's, or all); the cloud is told of the gap.
+    Purge(purge::PurgeArgs),
+    /// Check the database file for damage; with --salvage, move a damaged one aside and salvage it.
+    Doctor(doctor::DoctorArgs),
     /// Publish the outbox (and receive commands) until SIGINT or SIGTERM.
     Relay(Box<relay::RelayArgs>),
     /// Send a command to a device: a CBOR envelope built from JSON, published at QoS 1.
@@ -96,6 +104,9 @@ enum Command {
     /// Write a command's CBOR envelope to stdout (for mosquitto_pub -s, or any other sender).
     #[command(name = "encode-command")]
     Encode(command::EncodeArgs),
+    /// Subscribe as the cloud and print, per device, what arrived, what it announced as
+    /// removed, and what went missing unexplained.
+    Consume(Box<consume::ConsumeArgs>),
     /// The dual-write problem and its fix, with real processes and crashes: prints a table.
     #[cfg(feature = "demo")]
     Demo,
@@ -125,6 +136,9 @@ fn main() -> ExitCode {
         Command::Pending(args) => pending::run(&cli.global, &args),
         Command::Inbox(args) => inbox::run(&cli.global, &args),
         Command::DeadLetters(command) => dead_letters::run(&cli.global, &command),
+        Command::Purge(args) => purge::run(&cli.global, &args),
+        Command::Doctor(args) => doctor::run(&cli.global, &args),
+        Command::Consume(args) => consume::run(&cli.global, &args),
         Command::Relay(args) => relay::run(&cli.global, &args),
         Command::Send(args) => command::send(&cli.global, &args),
         Command::Encode(args) => command::encode(&args),

@@ -64,6 +64,10 @@ pub struct RelayArgs {
     /// MQTT client id of the publishing session: one per device.
     #[arg(long, value_name = "ID")]
     pub client_id: String,
+    /// The `src` of every envelope: the device's name as the cloud knows it [default: the
+    /// client id]. Keep it stable: the cloud counts each source's messages (docs/wire-format.md).
+    #[arg(long, value_name = "NAME")]
+    pub src: Option<String>,
     /// Receive commands on this topic filter into the inbox (a second, persistent session).
     #[arg(long, value_name = "FILTER")]
     pub commands: Option<String>,
@@ -150,6 +154,11 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
     let result = relay.shutdown();
     logging::clear_line();
     let Some(signal) = signal else {
+        if let Some(why) = at_signal.as_ref().and_then(|s| s.database_damaged.clone()) {
+            return Err(CliError::runtime(format!(
+                "the database file is damaged ({why}): stopped so that the next start salvages it"
+            )));
+        }
         // A relay thread ended on its own: exit 1 so a supervisor restarts the relay, rather than
         // idle while nothing is published.
         let why = result
@@ -179,6 +188,7 @@ fn config(args: &RelayArgs) -> Result<RelayConfig> {
     }
     let mut config = RelayConfig::new(mqtt)
         .status_file(true)
+        .source(args.src.as_deref().unwrap_or(&args.client_id))
         .max_in_flight(args.max_in_flight.into())
         .shutdown_timeout(Duration::from_secs(args.shutdown_timeout))
         .ack_timeout(Duration::from_secs(args.ack_timeout))
@@ -226,13 +236,17 @@ impl Watch {
             if relay.is_finished() {
                 break None;
             }
-            if (self.tty || last_log.elapsed() >= LOG_EVERY)
-                && let Ok(s) = relay.status()
-            {
+            let status = relay.status().ok();
+            if status.as_ref().is_some_and(|s| s.database_damaged.is_some()) {
+                // The next start salvages the file: exit for the supervisor to restart us.
+                break None;
+            }
+            if let Some(s) = status.filter(|_| self.tty || last_log.elapsed() >= LOG_EVERY) {
+                let broker = s.broker.as_deref().unwrap_or(&self.broker);
                 if let Some(bar) = &self.bar {
-                    bar.update(link(&self.broker, &s), &s);
+                    bar.update(link(broker, &s), &s);
                 } else if self.tty {
-                    logging::show_line(&live_line(&self.broker, &s));
+                    logging::show_line(&live_line(broker, &s));
                 } else {
                     last_log = Instant::now();
                     log_summary(&s);

@@ -110,6 +110,9 @@ fn to_json(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
             "oldest_age_ms": c.oldest_pending_ms,
         },
         "evicted": { "messages": c.stats.evicted, "bytes": c.stats.evicted_bytes },
+        "epoch": c.stats.epoch,
+        "gaps_unannounced": c.stats.gaps_unannounced,
+        "salvaged": c.stats.salvaged,
         "dead_letters": c.stats.dead_letters,
         "inbox": { "unapplied": c.stats.inbox_unapplied, "applied": c.stats.inbox_applied },
         "relay": {
@@ -143,6 +146,16 @@ fn to_text(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
             "evicted       {}, {}",
             count(c.stats.evicted, "message"),
             bytes(c.stats.evicted_bytes)
+        ),
+        format!(
+            "epoch         {} ({} removed unpublished, not yet announced to the cloud{})",
+            c.stats.epoch,
+            count(c.stats.gaps_unannounced, "message"),
+            if c.stats.salvaged > 0 {
+                format!("; salvaged after damage {}", count(c.stats.salvaged, "time"))
+            } else {
+                String::new()
+            }
         ),
         format!("dead letters  {}", c.stats.dead_letters),
         format!(
@@ -194,17 +207,24 @@ fn relay_lines(relay: &Relay) -> Vec<String> {
             r.broker, r.client_id
         )
     };
+    let failover = if r.brokers.len() > 1 {
+        format!(" (failover list: {})", r.brokers.join(", "))
+    } else {
+        String::new()
+    };
     let mut lines = vec![
-        format!("{head}, {connection}"),
+        format!("{head}, {connection}{failover}"),
         format!(
             "              since start: {} in flight, {} published, {} acknowledged, {} dead-lettered \
-             ({} refused by the broker, {} set aside as poison), {}",
+             ({} refused by the broker, {} set aside as poison), {} expired, {} announced as gaps, {}",
             r.in_flight,
             r.published,
             r.acknowledged,
             r.dead_lettered,
             r.refused,
             r.isolated,
+            r.expired,
+            r.gaps_announced,
             count(r.connections, "connection")
         ),
     ];

@@ -57,6 +57,7 @@ fn order_envelope() -> Vec<u8> {
     Envelope {
         id: MessageId::new_v7(),
         source: "demo-device".into(),
+        epoch: 0,
         seq: 1,
         key: ORDER.0.into(),
         created_ms: 0,

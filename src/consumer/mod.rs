@@ -1,0 +1,470 @@
+//! The cloud side: proof that nothing a device committed went missing on the way.
+//!
+//! A relay numbers each device's messages 1, 2, 3, ... per (`src`, epoch), and publishes a gap
+//! notice for every message the device removed before publishing it (evicted, expired,
+//! dead-lettered, purged, lost to a damaged file). A [`Consumer`] fed every item of the stream
+//! tells the service, for each one, whether it is new or a duplicate, and keeps a [`Report`]:
+//! delivered, duplicates, gaps announced (with their cause), **unexplained gaps** (numbers that
+//! neither arrived nor were announced: lost after the device handed them to the broker), and
+//! messages that arrived after a later one of their key.
+//!
+//! It knows no MQTT: feed it decoded items from any client (or from a bridge into Kafka, or a
+//! file), in the order they arrive. Memory is bounded: the ids of the last
+//! [`dedupe_window`](Consumer::dedupe_window) messages, the open gaps of each stream, the last
+//! number of each of the most recent keys.
+//!
+//! A consumer must see **every topic** a source publishes on: the numbering counts them all.
+//!
+//! ```
+//! use edge_outbox::consumer::{Consumer, Verdict};
+//! use edge_outbox::envelope::{Envelope, GapCause, GapNotice, Published};
+//! use edge_outbox::MessageId;
+//!
+//! let message = |seq| Envelope {
+//!     id: MessageId::new_v7(),
+//!     source: "pump-17".into(),
+//!     epoch: 42,
+//!     seq,
+//!     key: "pump-17".into(),
+//!     created_ms: 0,
+//!     event_type: None,
+//!     headers: vec![],
+//!     payload: edge_outbox::envelope::to_cbor(&seq).expect("cbor").into(),
+//! };
+//! let mut consumer = Consumer::new().from_start(true);
+//! let first = message(1);
+//! assert!(matches!(consumer.observe(&Published::Message(first.clone())), Verdict::New { .. }));
+//! assert_eq!(consumer.observe(&Published::Message(first)), Verdict::Duplicate);
+//! // Message 2 was evicted on the device, which says so; message 4 is lost, silently.
+//! consumer.observe(&Published::Gap(GapNotice::new("pump-17", 42, 2, 2, GapCause::Evicted)));
+//! consumer.observe(&Published::Message(message(3)));
+//! consumer.observe(&Published::Message(message(5)));
+//!
+//! let report = consumer.report();
+//! assert_eq!(report.totals.delivered, 3);
+//! assert_eq!(report.totals.announced, 1);
+//! assert_eq!(report.streams[0].unexplained, vec![(4, 4)]);
+//! ```
+
+mod stream;
+mod window;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use self::stream::{Bounds, Slot, Stream};
+use self::window::IdWindow;
+use crate::envelope::{Envelope, Published};
+use crate::error::Result;
+
+/// What [`Consumer::observe`] says about one item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// A message not seen before: process it.
+    New {
+        /// It arrived after a later message of its source (it fills a gap).
+        late: bool,
+        /// It arrived after a later message of its key: the key's order was broken on the way.
+        reordered: bool,
+    },
+    /// A message already seen (same id, or same source, epoch and sequence number): skip it.
+    Duplicate,
+    /// A gap notice: the sender removed these numbers before publishing them.
+    Announced,
+}
+
+/// Feeds on decoded stream items and keeps count. See the [module docs](self).
+#[derive(Debug)]
+pub struct Consumer {
+    window: IdWindow,
+    from_start: bool,
+    bounds: Bounds,
+    streams: HashMap<(String, u64), Stream>,
+    /// Sources seen, by name: a new epoch of a known source counts from 1.
+    sources: HashSet<String>,
+    /// Messages without an epoch (version 1 envelopes): deduplicated by id only.
+    unnumbered: Totals,
+}
+
+impl Default for Consumer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Consumer {
+    /// A consumer with the defaults: a dedupe window of 100,000 ids, at most 10,000 open gaps and
+    /// 10,000 keys per stream, counting each source from the first number it sees.
+    pub fn new() -> Self {
+        Consumer {
+            window: IdWindow::new(100_000),
+            from_start: false,
+            bounds: Bounds {
+                max_missing_ranges: 10_000,
+                max_keys: 10_000,
+            },
+            streams: HashMap::new(),
+            sources: HashSet::new(),
+            unnumbered: Totals::default(),
+        }
+    }
+
+    /// How many recent message ids are kept to recognise duplicates (default 100,000). The
+    /// numbering catches any duplicate of a relayed message whatever the window; the ids catch a
+    /// message published again under a new number (a dead letter retried) and messages without
+    /// an epoch.
+    pub fn dedupe_window(mut self, ids: usize) -> Self {
+        self.window = IdWindow::new(ids);
+        self
+    }
+
+    /// Whether a source seen for the first time should have started at 1 (default false: a
+    /// consumer that joins late counts from the first number it sees). Turn on for a consumer
+    /// that is there from each device's first message (a field test): then numbers before the
+    /// first one seen are missing too. A new epoch of a source already seen always counts from 1.
+    pub fn from_start(mut self, on: bool) -> Self {
+        self.from_start = on;
+        self
+    }
+
+    /// Most open gaps kept per stream (default 10,000); past it the oldest is given up on and
+    /// counted as unexplained.
+    pub fn max_gaps(mut self, ranges: usize) -> Self {
+        self.bounds.max_missing_ranges = ranges.max(1);
+        self
+    }
+
+    /// Most keys whose order is followed per stream (default 10,000), forgotten oldest first.
+    pub fn max_keys(mut self, keys: usize) -> Self {
+        self.bounds.max_keys = keys;
+        self
+    }
+
+    /// Decodes `bytes` (a relay's MQTT payload) and observes it.
+    pub fn observe_bytes(&mut self, bytes: &[u8]) -> Result<(Published, Verdict)> {
+        let item = Published::decode(bytes)?;
+        let verdict = self.observe(&item);
+        Ok((item, verdict))
+    }
+
+    /// Observes one item of the stream, in arrival order.
+    pub fn observe(&mut self, item: &Published) -> Verdict {
+        let now = Instant::now();
+        match item {
+            Published::Message(env) => self.message(env, now),
+            Published::Gap(gap) => {
+                let bounds = self.bounds;
+                let stream = self.stream(&gap.source, gap.epoch, gap.first);
+                stream.announce(gap.first, gap.last, gap.cause.as_str(), now, bounds);
+                Verdict::Announced
+            }
+        }
+    }
+
+    fn message(&mut self, env: &Envelope<'_>, now: Instant) -> Verdict {
+        let fresh_id = !self.window.contains(&env.id);
+        if env.epoch == 0 {
+            if !fresh_id {
+                self.unnumbered.duplicates += 1;
+                return Verdict::Duplicate;
+            }
+            self.window.insert(env.id);
+            self.unnumbered.delivered += 1;
+            return Verdict::New {
+                late: false,
+                reordered: false,
+            };
+        }
+        let bounds = self.bounds;
+        let stream = self.stream(&env.source, env.epoch, env.seq);
+        match stream.take(env.seq, now, bounds) {
+            Slot::Seen => {
+                stream.duplicates += 1;
+                Verdict::Duplicate
+            }
+            // Same id under a new number: a message published again (a dead letter retried).
+            Slot::New { .. } if !fresh_id => {
+                stream.duplicates += 1;
+                Verdict::Duplicate
+            }
+            Slot::New { late } => {
+                stream.delivered += 1;
+                if late {
+                    stream.late += 1;
+                }
+                let reordered = stream.key_order(&env.key, env.seq, bounds);
+                if reordered {
+                    stream.reordered += 1;
+                }
+                self.window.insert(env.id);
+                Verdict::New { late, reordered }
+            }
+        }
+    }
+
+    fn stream(&mut self, source: &str, epoch: u64, first_seen: u64) -> &mut Stream {
+        let known_source = self.sources.contains(source);
+        let from_start = self.from_start;
+        if !known_source {
+            self.sources.insert(source.to_owned());
+        }
+        self.streams.entry((source.to_owned(), epoch)).or_insert_with(|| {
+            // Every epoch starts at 1: a new epoch of a source already seen has no excuse.
+            let base = if from_start || known_source {
+                1
+            } else {
+                first_seen.max(1)
+            };
+            Stream::new(base)
+        })
+    }
+
+    /// The counts so far; a gap still open counts as unexplained (see
+    /// [`report_after`](Self::report_after) for a grace period).
+    pub fn report(&self) -> Report {
+        self.report_after(Duration::ZERO)
+    }
+
+    /// The counts so far, where only gaps open for at least `grace` count as unexplained: a live
+    /// consumer gives late messages and notices (after a reconnect on either side) time to
+    /// arrive.
+    pub fn report_after(&self, grace: Duration) -> Report {
+        let now = Instant::now();
+        let mut streams: Vec<StreamReport> = self
+            .streams
+            .iter()
+            .map(|((source, epoch), s)| StreamReport {
+                source: source.clone(),
+                epoch: *epoch,
+                first: s.base,
+                last: s.high,
+                delivered: s.delivered,
+                duplicates: s.duplicates,
+                late: s.late,
+                reordered: s.reordered,
+                announced: s.announced.values().sum(),
+                announced_by_cause: s.announced.clone(),
+                unexplained: s.missing_for(grace, now),
+                forgotten: s.forgotten,
+                open: s.missing_count(),
+            })
+            .collect();
+        streams.sort_by(|a, b| (&a.source, a.epoch).cmp(&(&b.source, b.epoch)));
+        let mut totals = self.unnumbered.clone();
+        for s in &streams {
+            totals.delivered += s.delivered;
+            totals.duplicates += s.duplicates;
+            totals.late += s.late;
+            totals.reordered += s.reordered;
+            totals.announced += s.announced;
+            totals.unexplained += s.unexplained_count();
+        }
+        Report { streams, totals }
+    }
+}
+
+/// Counts over every stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Totals {
+    /// Messages delivered once (duplicates not counted).
+    pub delivered: u64,
+    /// Duplicates recognised and skipped.
+    pub duplicates: u64,
+    /// Messages that arrived after a later one of their source.
+    pub late: u64,
+    /// Messages that arrived after a later one of their key.
+    pub reordered: u64,
+    /// Numbers announced as removed by their sender.
+    pub announced: u64,
+    /// Numbers neither delivered nor announced (past the grace period).
+    pub unexplained: u64,
+}
+
+/// What one (source, epoch) stream looked like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StreamReport {
+    /// The sender (`src`).
+    pub source: String,
+    /// Its epoch (`ep`).
+    pub epoch: u64,
+    /// The first number counted.
+    pub first: u64,
+    /// The highest number seen (delivered or announced).
+    pub last: u64,
+    /// Messages delivered once.
+    pub delivered: u64,
+    /// Duplicates skipped.
+    pub duplicates: u64,
+    /// Messages that filled a gap.
+    pub late: u64,
+    /// Messages that arrived after a later message of their key.
+    pub reordered: u64,
+    /// Numbers announced as removed.
+    pub announced: u64,
+    /// The same, by cause (`evicted`, `expired`, `dead-lettered`, `purged`, `unrecoverable`).
+    pub announced_by_cause: BTreeMap<String, u64>,
+    /// Ranges `(first, last)` neither delivered nor announced, missing for at least the grace
+    /// period: lost after the sender handed them to the broker.
+    pub unexplained: Vec<(u64, u64)>,
+    /// Numbers given up on because too many gaps were open (also lost).
+    pub forgotten: u64,
+    /// Numbers missing right now, grace or not.
+    pub open: u64,
+}
+
+impl StreamReport {
+    /// How many numbers are unexplained.
+    pub fn unexplained_count(&self) -> u64 {
+        self.forgotten + self.unexplained.iter().map(|(f, l)| l - f + 1).sum::<u64>()
+    }
+}
+
+/// The consumer's counts: per stream, and in total.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Report {
+    /// One entry per (source, epoch), by source then epoch.
+    pub streams: Vec<StreamReport>,
+    /// Over all of them (and messages without an epoch).
+    pub totals: Totals,
+}
+
+impl fmt::Display for Report {
+    /// A table, one line per stream, then the totals.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{:<24} {:>20} {:>10} {:>9} {:>6} {:>6} {:>9} {:>11}  causes / unexplained ranges",
+            "SOURCE", "EPOCH", "DELIVERED", "DUPLICATE", "LATE", "REORD", "ANNOUNCED", "UNEXPLAINED"
+        )?;
+        for s in &self.streams {
+            let causes: Vec<String> = s
+                .announced_by_cause
+                .iter()
+                .map(|(c, n)| format!("{c}:{n}"))
+                .collect();
+            let ranges: Vec<String> = s
+                .unexplained
+                .iter()
+                .take(4)
+                .map(|(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+                .collect();
+            let more = if s.unexplained.len() > 4 { " ..." } else { "" };
+            writeln!(
+                f,
+                "{:<24} {:>20} {:>10} {:>9} {:>6} {:>6} {:>9} {:>11}  {} {}{more}",
+                s.source,
+                s.epoch,
+                s.delivered,
+                s.duplicates,
+                s.late,
+                s.reordered,
+                s.announced,
+                s.unexplained_count(),
+                causes.join(","),
+                ranges.join(","),
+            )?;
+        }
+        let t = &self.totals;
+        writeln!(
+            f,
+            "{:<24} {:>20} {:>10} {:>9} {:>6} {:>6} {:>9} {:>11}",
+            "total", "", t.delivered, t.duplicates, t.late, t.reordered, t.announced, t.unexplained
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MessageId;
+    use crate::envelope::{GapCause, GapNotice};
+
+    fn msg(source: &str, epoch: u64, seq: u64, key: &str) -> Envelope<'static> {
+        Envelope {
+            id: MessageId::new_v7(),
+            source: source.to_owned().into(),
+            epoch,
+            seq,
+            key: key.to_owned().into(),
+            created_ms: 0,
+            event_type: None,
+            headers: vec![],
+            payload: vec![0xf6].into(),
+        }
+    }
+
+    #[test]
+    fn a_late_joiner_counts_from_the_first_number_it_sees_and_new_epochs_from_one() {
+        let mut c = Consumer::new();
+        c.observe(&Published::Message(msg("a", 1, 500, "k")));
+        c.observe(&Published::Message(msg("a", 1, 501, "k")));
+        // The device was restored: a new epoch must start at 1, so 1..=2 are missing.
+        c.observe(&Published::Message(msg("a", 2, 3, "k")));
+        let r = c.report();
+        assert_eq!(r.streams[0].unexplained, vec![]);
+        assert_eq!(r.streams[1].unexplained, vec![(1, 2)]);
+        assert_eq!(r.totals.delivered, 3);
+    }
+
+    #[test]
+    fn the_same_id_under_a_new_number_is_a_duplicate_and_fills_its_slot() {
+        let mut c = Consumer::new().from_start(true);
+        let m = msg("a", 1, 1, "k");
+        assert_eq!(
+            c.observe(&Published::Message(m.clone())),
+            Verdict::New {
+                late: false,
+                reordered: false
+            }
+        );
+        // Dead-lettered as 2, announced, retried as 3 with the same id (it had been delivered).
+        c.observe(&Published::Gap(GapNotice::new(
+            "a",
+            1,
+            2,
+            2,
+            GapCause::DeadLettered,
+        )));
+        let retried = Envelope { seq: 3, ..m };
+        assert_eq!(c.observe(&Published::Message(retried)), Verdict::Duplicate);
+        let r = c.report();
+        assert_eq!(
+            (r.totals.delivered, r.totals.duplicates, r.totals.announced),
+            (1, 1, 1)
+        );
+        assert_eq!(r.totals.unexplained, 0);
+    }
+
+    #[test]
+    fn a_broken_key_order_is_reported() {
+        let mut c = Consumer::new().from_start(true);
+        c.observe(&Published::Message(msg("a", 1, 2, "k")));
+        let v = c.observe(&Published::Message(msg("a", 1, 1, "k")));
+        assert_eq!(
+            v,
+            Verdict::New {
+                late: true,
+                reordered: true
+            }
+        );
+        let r = c.report();
+        assert_eq!(
+            (r.totals.late, r.totals.reordered, r.totals.unexplained),
+            (1, 1, 0)
+        );
+        assert!(r.to_string().contains("total"));
+    }
+
+    #[test]
+    fn a_grace_period_keeps_fresh_gaps_out_of_the_unexplained() {
+        let mut c = Consumer::new().from_start(true);
+        c.observe(&Published::Message(msg("a", 1, 2, "k")));
+        assert_eq!(c.report_after(Duration::from_secs(3600)).totals.unexplained, 0);
+        assert_eq!(c.report().totals.unexplained, 1);
+    }
+}

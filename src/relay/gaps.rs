@@ -1,0 +1,182 @@
+//! Gap notices: the relay's announcement, in the message stream, of every sequence number the
+//! device removed before publishing it (see `store::gaps` for how removals are recorded).
+//!
+//! Gap rows are read from a cursor on `gap_id` (recording order), so a removal recorded behind
+//! the outbox cursor (a row evicted while in flight) is still announced on this connection.
+//! Consecutive removals of one read with the same topic, cause, reason and epoch become one
+//! notice. A notice's id is derived from its range and cause, so a notice published again after
+//! a reconnect is the same message to a deduplicating consumer.
+//!
+//! In the in-flight tracker a notice stands under a token above every outbox sequence number
+//! ([`TOKEN_BASE`] plus its first row's `seq`): rows sort before notices, so a row stays the
+//! suspect when a connection dies with both on the wire.
+
+use std::collections::{HashMap, VecDeque};
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use super::rows::{Encoding, Ready};
+use crate::envelope::{GapCause, GapFields, GapNotice, write_gap_notice};
+use crate::error::Result;
+use crate::store::Options;
+
+/// Tokens of gap notices start here: far above any outbox `seq` (SQLite counts to 2^63 - 1, a
+/// device writing a million messages a second would need 146,000 years to reach 2^62).
+pub(crate) const TOKEN_BASE: i64 = 1 << 62;
+
+/// Where a notice goes when the removed message's own topic cannot be published to (the reason
+/// it was dead-lettered may be a wildcard in it).
+pub(crate) const FALLBACK_TOPIC: &str = "edge-outbox/gaps";
+
+/// A notice's reason text is cut to this many bytes: it names a dead letter's cause, and must
+/// not make the notice too large to publish.
+const WHY_MAX: usize = 256;
+
+/// Whether a tracker entry is a gap notice rather than an outbox row.
+pub(crate) fn is_notice(seq: i64) -> bool {
+    seq >= TOKEN_BASE
+}
+
+/// How much one read of gap rows got.
+pub(crate) struct GapRead {
+    pub rows: usize,
+    pub last_gap_id: Option<i64>,
+}
+
+struct GapRow {
+    seq: i64,
+    last: i64,
+    topic: String,
+    cause: String,
+    why: Option<String>,
+    removed_at: i64,
+}
+
+/// Reads up to `limit` gap rows recorded after `cursor`, and queues their notices on `ready`
+/// (before any row read after them); `ranges` gets each notice's token and outbox `seq` range.
+pub(crate) fn read_after(
+    conn: &Connection,
+    cfg: &Encoding<'_>,
+    cursor: i64,
+    limit: usize,
+    ready: &mut VecDeque<Ready>,
+    ranges: &mut HashMap<i64, (i64, i64)>,
+) -> Result<GapRead> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT gap_id, seq, coalesce(last_seq, seq), topic, cause, why, removed_at FROM outbox_gaps
+         WHERE gap_id > ?1 ORDER BY gap_id LIMIT ?2",
+    )?;
+    let mut read = GapRead {
+        rows: 0,
+        last_gap_id: None,
+    };
+    let mut found = Vec::new();
+    let mut rows = stmt.query(rusqlite::params![
+        cursor,
+        i64::try_from(limit).unwrap_or(i64::MAX)
+    ])?;
+    while let Some(row) = rows.next()? {
+        read.rows += 1;
+        read.last_gap_id = Some(row.get(0)?);
+        let seq: i64 = row.get(1)?;
+        found.push(GapRow {
+            seq,
+            last: row.get::<_, i64>(2)?.max(seq),
+            topic: row.get(3)?,
+            cause: row.get(4)?,
+            why: row.get(5)?,
+            removed_at: row.get(6)?,
+        });
+    }
+    found.sort_by_key(|g| g.seq);
+    let mut i = 0;
+    while let Some(first) = found.get(i) {
+        let epoch = cfg.epochs.locate(first.seq).0;
+        let mut last = i;
+        while let Some(next) = found.get(last + 1) {
+            let prev = &found[last];
+            if next.seq != prev.last + 1
+                || next.topic != first.topic
+                || next.cause != first.cause
+                || next.why != first.why
+                || cfg.epochs.locate(next.last).0 != epoch
+            {
+                break;
+            }
+            last += 1;
+        }
+        let (first_seq, last_seq) = (first.seq, found[last].last);
+        let token = TOKEN_BASE.saturating_add(first_seq);
+        ready.push_back(encode(cfg, first, last_seq, token));
+        ranges.insert(token, (first_seq, last_seq));
+        i = last + 1;
+    }
+    Ok(read)
+}
+
+fn encode(cfg: &Encoding<'_>, first: &GapRow, last_seq: i64, token: i64) -> Ready {
+    let (epoch, wire_first) = cfg.epochs.locate(first.seq);
+    let (_, wire_last) = cfg.epochs.locate(last_seq);
+    let cause = GapCause::parse(&first.cause);
+    let id = GapNotice::id_for(epoch, wire_first, wire_last, &cause);
+    let why = first.why.as_deref().map(|w| cut(w, WHY_MAX));
+    let mut envelope = Vec::with_capacity(96);
+    write_gap_notice(
+        &mut envelope,
+        &GapFields {
+            id: &id,
+            source: cfg.source,
+            epoch,
+            first: wire_first,
+            last: wire_last,
+            cause: cause.as_str(),
+            why,
+            created_ms: u64::try_from(first.removed_at).unwrap_or(0),
+        },
+    );
+    let topic = match crate::topic::check(&first.topic, cfg.allow_dollar) {
+        Ok(()) => first.topic.clone(),
+        Err(_) => FALLBACK_TOPIC.to_owned(),
+    };
+    Ready {
+        seq: token,
+        topic,
+        envelope,
+    }
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Deletes the gap rows whose notices the broker acknowledged (or refused for good), in one
+/// transaction.
+pub(crate) fn mark_announced(conn: &mut Connection, options: &Options, ranges: &[(i64, i64)]) -> Result<()> {
+    let _turn = crate::store::gate::enter(conn, options.busy_timeout)?;
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    {
+        let mut delete = tx.prepare_cached("DELETE FROM outbox_gaps WHERE seq BETWEEN ?1 AND ?2")?;
+        for &(first, last) in ranges {
+            delete.execute([first, last])?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cut;
+
+    #[test]
+    fn reasons_are_cut_at_a_character_boundary() {
+        assert_eq!(cut("abc", 10), "abc");
+        assert_eq!(cut("aé", 2), "a");
+        assert_eq!(cut("aé", 3), "aé");
+    }
+}
