@@ -731,6 +731,99 @@ fn relay_exits_1_when_a_relay_thread_dies() -> TestResult {
     Ok(())
 }
 
+/// A store holding `n` pending messages, written in one transaction.
+fn backlog(db: &Path, n: u64) -> Result<(), edge_outbox::Error> {
+    Outbox::open(db)?.transaction(|tx| {
+        for i in 0..n {
+            tx.publish("orders/placed", "o", &("order", i))?;
+        }
+        Ok::<_, edge_outbox::Error>(())
+    })?;
+    Ok(())
+}
+
+/// Waits until the relay on `db` has acknowledged `n` and nothing is pending, stops it with
+/// SIGTERM (by the pid it reports: under `script` the child is not the relay) and returns what it
+/// wrote on stderr.
+fn drain_and_stop(db: &Path, relay: &mut RelayProcess, n: u64) -> Result<String, Box<dyn std::error::Error>> {
+    let status = wait_status(db, relay, |s| {
+        s["relay"]["status"]["acknowledged"] == n && s["pending"]["messages"] == 0
+    });
+    let pid = status["relay"]["pid"].as_u64().ok_or("no relay pid")?;
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?
+            .success()
+    );
+    assert_eq!(relay.wait(WAIT)?, Some(0), "relay log: {}", relay.log());
+    Ok(relay.log())
+}
+
+/// `--progress` draws its bar only on a terminal: piped stderr gets the plain log (no escape
+/// sequence, no ETA), while under a pseudo-terminal (`script`, util-linux) the bar shows rows
+/// left and an ETA. Catches a bar drawn to a non-terminal (a forced draw target, a hand-rolled
+/// bar) and a `--progress` that draws nothing.
+#[test]
+fn relay_progress_bar_is_drawn_only_on_a_terminal() -> TestResult {
+    const ROWS: u64 = 2000;
+    let broker = Broker::start()?;
+    let dir = tempfile::tempdir()?;
+
+    let piped = dir.path().join("piped.db");
+    backlog(&piped, ROWS)?;
+    let mut relay = RelayProcess::spawn(&piped, &broker, "cli-progress-pipe", &["--progress"])?;
+    let log = drain_and_stop(&piped, &mut relay, ROWS)?;
+    assert!(!log.contains('\x1b'), "escape sequence on a pipe: {log:?}");
+    assert!(
+        !log.contains("ETA") && !log.contains(" left"),
+        "a bar on a pipe: {log:?}"
+    );
+    assert!(log.contains("stderr is not a terminal, no bar drawn"), "{log}");
+    assert!(
+        log.contains(&format!(
+            "stopped on SIGTERM: {ROWS} published, {ROWS} acknowledged"
+        )),
+        "{log}"
+    );
+
+    let tty = dir.path().join("tty.db");
+    backlog(&tty, ROWS)?;
+    let out = tty.with_extension("script.out");
+    let command = format!(
+        "'{BIN}' relay --broker mqtt://127.0.0.1:{} --client-id cli-progress-tty --progress --db '{}'",
+        broker.port(),
+        tty.display()
+    );
+    let mut script = Command::new("script");
+    script
+        .args(["-qfec", &command, "/dev/null"])
+        .env("TERM", "xterm")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(File::create(&out)?)
+        .stderr(Stdio::null());
+    let mut relay = RelayProcess {
+        child: ChildGuard::new(script.spawn()?),
+        stderr: out,
+    };
+    // The bar is redrawn on every tick: wait for its last frame, the backlog drained.
+    let last_frame = format!("{ROWS}/{ROWS} acked | 0 left");
+    let deadline = Instant::now() + WAIT;
+    while !relay.log().contains(&last_frame) {
+        assert!(
+            Instant::now() < deadline,
+            "no bar on a terminal: {:?}",
+            relay.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let screen = drain_and_stop(&tty, &mut relay, ROWS)?;
+    assert!(screen.contains("ETA") && screen.contains("\x1b["), "{screen:?}");
+    assert!(screen.contains("stopped on SIGTERM"), "{screen:?}");
+    Ok(())
+}
+
 /// Every field `status --json` prints, as dotted paths of its leaves (arrays, scalars, nulls).
 fn json_fields(value: &Value, prefix: &str, out: &mut Vec<String>) {
     if let Value::Object(map) = value {

@@ -1,6 +1,7 @@
 //! Log lines on stderr (tracing; `RUST_LOG` overrides the level), and the relay's live status
 //! line when stderr is a terminal. A log line first erases the status line, which the relay
-//! redraws on its next tick, so the two never interleave on one row.
+//! redraws on its next tick, so the two never interleave on one row; with `--progress`, a log
+//! line is written above the drain bar instead.
 
 use std::io::{self, IsTerminal as _, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,6 +10,8 @@ use tracing::level_filters::LevelFilter;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
+
+use crate::progress;
 
 /// A status line is on screen (no newline after it yet).
 static LINE_SHOWN: AtomicBool = AtomicBool::new(false);
@@ -61,12 +64,14 @@ struct LogWriter;
 
 impl Write for LogWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let mut err = io::stderr().lock();
-        if LINE_SHOWN.swap(false, Ordering::Relaxed) {
-            err.write_all(ERASE_LINE)?;
-        }
-        err.write_all(buf)?;
-        Ok(buf.len())
+        progress::above(|| {
+            let mut err = io::stderr().lock();
+            if LINE_SHOWN.swap(false, Ordering::Relaxed) {
+                err.write_all(ERASE_LINE)?;
+            }
+            err.write_all(buf)?;
+            Ok(buf.len())
+        })
     }
 
     fn flush(&mut self) -> io::Result<()> {

@@ -21,6 +21,7 @@ mod logging;
 mod metrics;
 mod output;
 mod pending;
+mod progress;
 mod purge;
 mod relay;
 mod relay_probe;

@@ -21,6 +21,7 @@ use tracing::level_filters::LevelFilter;
 use crate::broker_args::BrokerArgs;
 use crate::exit::CliError;
 use crate::output::{self, bytes, duration};
+use crate::progress::DrainBar;
 use crate::{Global, Result, db, logging};
 
 /// How often the live status line is redrawn on a terminal.
@@ -47,6 +48,10 @@ it to the dead letters with the reason code (`edge-outbox dead-letters list`). U
 limit is acknowledged and lost (docs/reliability.md says which broker settings prevent it). A \
 message the broker keeps dropping the connection over is set aside as poison after \
 --poison-disconnects tries, so the rest of the outbox flows.
+
+--progress draws a bar on stderr while a backlog drains: rows acknowledged since start, rows \
+left, rate and ETA. It is drawn only when stderr is a terminal (and TERM is set and not `dumb`); \
+otherwise the relay logs as without it.
 
 Credentials: --username with --password-file, or user:password@ in the URL (visible to other \
 local users in the process list: prefer the file). The password is never printed.
@@ -103,6 +108,10 @@ pub struct RelayArgs {
     /// atomically when something changes, at least every 30 s; removed at exit.
     #[arg(long, value_name = "FILE")]
     pub metrics_file: Option<PathBuf>,
+    /// On a terminal, a progress bar instead of the status line: rows left, rate and ETA while
+    /// a backlog drains. Never drawn when stderr is not a terminal.
+    #[arg(long)]
+    pub progress: bool,
 }
 
 pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
@@ -127,9 +136,14 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
     let signals = Signals::new([SIGINT, SIGTERM]).map_err(installing)?;
     let relay = Relay::start(&outbox, config.clone())?;
     let broker = format!("{}:{}", config.mqtt().host(), config.mqtt().port());
+    let tty = std::io::stderr().is_terminal();
+    if args.progress && !tty {
+        tracing::info!(target: "edge_outbox::cli", "--progress: stderr is not a terminal, no bar drawn");
+    }
     let signal = Watch {
         broker,
-        tty: std::io::stderr().is_terminal(),
+        tty,
+        bar: (args.progress && tty).then(DrainBar::stderr),
     }
     .until_stop(&relay, signals, &stopping)?;
 
@@ -191,11 +205,13 @@ fn config(args: &RelayArgs) -> Result<RelayConfig> {
     Ok(config)
 }
 
-/// The running relay's outputs: the live line on a terminal, or periodic log lines. (The relay
-/// writes the status file itself.)
+/// The running relay's outputs: the live line (or, with --progress, the drain bar) on a
+/// terminal, or periodic log lines. (The relay writes the status file itself.)
 struct Watch {
     broker: String,
     tty: bool,
+    /// Only when stderr is a terminal; dropped (erased) when the watch ends.
+    bar: Option<DrainBar>,
 }
 
 impl Watch {
@@ -226,8 +242,11 @@ impl Watch {
                 break None;
             }
             if let Some(s) = status.filter(|_| self.tty || last_log.elapsed() >= LOG_EVERY) {
-                if self.tty {
-                    logging::show_line(&live_line(s.broker.as_deref().unwrap_or(&self.broker), &s));
+                let broker = s.broker.as_deref().unwrap_or(&self.broker);
+                if let Some(bar) = &self.bar {
+                    bar.update(link(broker, &s), &s);
+                } else if self.tty {
+                    logging::show_line(&live_line(broker, &s));
                 } else {
                     last_log = Instant::now();
                     log_summary(&s);
@@ -245,12 +264,17 @@ impl Watch {
     }
 }
 
-fn live_line(broker: &str, s: &Status) -> String {
-    let link = if s.connected {
+/// Where the relay stands with its broker, for the live line and the drain bar.
+fn link(broker: &str, s: &Status) -> String {
+    if s.connected {
         format!("connected to {broker}")
     } else {
         format!("connecting to {broker}")
-    };
+    }
+}
+
+fn live_line(broker: &str, s: &Status) -> String {
+    let link = link(broker, s);
     let oldest = s
         .store
         .oldest_pending_age
