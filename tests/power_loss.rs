@@ -942,31 +942,28 @@ fn a_full_relay_never_publishes_what_a_normal_writer_in_another_process_loses() 
         let mut relay =
             start_relay_child(&db, broker.addr()).unwrap_or_else(|e| panic!("{test}: cycle {cycle}: {e}"));
         let twenty = |s: &Said| s.committed.len() >= 20;
-        let said = if control {
+        let (kill, mut stop_relay): (Kill<'_>, Box<dyn FnMut()>) = if control {
             let relay = &mut relay;
-            run_child(
-                "normal-writer",
-                &db,
-                cycle * CYCLE_SPAN,
-                None,
-                false,
-                &mut || {
+            (
+                Kill::When(&twenty),
+                Box::new(move || {
                     let _ = relay.kill();
                     let _ = relay.wait();
-                },
-                Kill::When(&twenty),
+                }),
             )
         } else {
-            run_child(
-                "normal-writer",
-                &db,
-                cycle * CYCLE_SPAN,
-                None,
-                false,
-                &mut || {},
-                Kill::Random(&mut rng),
-            )
+            (Kill::Random(&mut rng), Box::new(|| {}))
         };
+        let said = run_child(
+            "normal-writer",
+            &db,
+            cycle * CYCLE_SPAN,
+            None,
+            false,
+            &mut *stop_relay,
+            kill,
+        );
+        drop(stop_relay);
         // The relay dies too, before the power goes (by pid), whatever the writer's fate.
         let _ = relay.kill();
         let _ = relay.wait();
