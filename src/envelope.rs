@@ -232,12 +232,16 @@ pub enum GapCause {
     /// of them may have been published before the damage; a consumer counts only the ones it
     /// did not get.
     Unrecoverable,
+    /// Replaced before it was published by a newer message of its topic and key marked
+    /// coalescing (`Message::coalescing`): the newer value is on its way.
+    Coalesced,
     /// A cause this build does not know (a newer sender).
     Other(String),
 }
 
 impl GapCause {
-    /// The wire name: `evicted`, `expired`, `dead-lettered`, `purged`, `unrecoverable`.
+    /// The wire name: `evicted`, `expired`, `dead-lettered`, `purged`, `unrecoverable`,
+    /// `coalesced`.
     pub fn as_str(&self) -> &str {
         match self {
             GapCause::Evicted => "evicted",
@@ -245,6 +249,7 @@ impl GapCause {
             GapCause::DeadLettered => "dead-lettered",
             GapCause::Purged => "purged",
             GapCause::Unrecoverable => "unrecoverable",
+            GapCause::Coalesced => "coalesced",
             GapCause::Other(other) => other,
         }
     }
@@ -257,6 +262,7 @@ impl GapCause {
             "dead-lettered" => GapCause::DeadLettered,
             "purged" => GapCause::Purged,
             "unrecoverable" => GapCause::Unrecoverable,
+            "coalesced" => GapCause::Coalesced,
             other => GapCause::Other(other.to_owned()),
         }
     }

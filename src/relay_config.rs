@@ -51,6 +51,9 @@ pub struct RelayConfig {
     pub(crate) status_file: bool,
     pub(crate) metrics_file: Option<std::path::PathBuf>,
     pub(crate) integrity_interval: Duration,
+    /// Default lifetimes by topic filter, first match wins.
+    pub(crate) ttl: Vec<(String, Duration)>,
+    pub(crate) pace: crate::publish::pacing::Rates,
 }
 
 impl RelayConfig {
@@ -75,6 +78,8 @@ impl RelayConfig {
             status_file: false,
             metrics_file: None,
             integrity_interval: Duration::from_secs(3600),
+            ttl: Vec::new(),
+            pace: crate::publish::pacing::Rates::default(),
         }
     }
 
@@ -224,6 +229,45 @@ impl RelayConfig {
         self
     }
 
+    /// Gives messages on topics matching `filter` a default lifetime: one still unpublished this
+    /// long after its commit is removed instead of published (a gap notice, cause `expired`,
+    /// tells the cloud), as [`Message::expires_after`](crate::Message::expires_after) does for one
+    /// message; a message's own expiry wins. The first matching filter applies. Under MQTT 5 every
+    /// message with a lifetime is published with the message expiry interval set to what is left
+    /// of it, so the broker drops it too when it expires there.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let mqtt = edge_outbox::MqttConfig::new("127.0.0.1", 1883);
+    /// let config = edge_outbox::RelayConfig::new(mqtt)
+    ///     .expire_after("telemetry/#", Duration::from_secs(3600));
+    /// ```
+    pub fn expire_after(mut self, filter: impl Into<String>, lifetime: Duration) -> Self {
+        self.ttl.push((filter.into(), lifetime));
+        self
+    }
+
+    /// Paces publishing to at most `per_second` messages a second (default: no limit), so that
+    /// draining a long outage's backlog does not saturate a metered link. Higher priority lanes
+    /// still go first. Bursts are limited to a tenth of a second's worth.
+    ///
+    /// ```
+    /// let mqtt = edge_outbox::MqttConfig::new("127.0.0.1", 1883);
+    /// let config = edge_outbox::RelayConfig::new(mqtt).pace_messages(50).pace_bytes(20_000);
+    /// ```
+    pub fn pace_messages(mut self, per_second: u32) -> Self {
+        self.pace.messages = Some(per_second);
+        self
+    }
+
+    /// Paces publishing to at most `per_second` bytes a second of MQTT payload and topic (default:
+    /// no limit); see [`pace_messages`](Self::pace_messages). A message larger than a tenth of a
+    /// second's worth still goes, once its time has been waited for.
+    pub fn pace_bytes(mut self, per_second: u64) -> Self {
+        self.pace.bytes = Some(per_second);
+        self
+    }
+
     /// The command session's client id.
     pub fn commands_client_id(mut self, id: impl Into<String>) -> Self {
         self.commands_client_id = Some(id.into());
@@ -254,6 +298,14 @@ impl RelayConfig {
         }
         if let Some(filter) = &self.commands {
             validate_filter(filter)?;
+        }
+        for (filter, _) in &self.ttl {
+            validate_filter(filter)?;
+        }
+        if self.pace.messages == Some(0) || self.pace.bytes == Some(0) {
+            return Err(Error::InvalidConfig(
+                "a pace of 0 would never publish: pace_messages and pace_bytes must be at least 1".into(),
+            ));
         }
         if self.max_command_bytes == 0 {
             return Err(Error::InvalidConfig(

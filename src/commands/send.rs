@@ -50,7 +50,7 @@ pub fn send_command(mqtt: &MqttConfig, topic: &str, command: &Envelope<'_>, time
     let options = SessionOptions::new(mqtt, mqtt.id(), Role::Publisher { max_in_flight: 1 })?;
     let (client, mut connection) = options.open(0);
     client
-        .try_publish(topic, QoS::AtLeastOnce, false, bytes, None)
+        .try_publish(topic, QoS::AtLeastOnce, false, bytes, None, None)
         .map_err(|_| failed(std::io::ErrorKind::Other, "could not queue the publish".into()))?;
     let deadline = Instant::now() + timeout;
     let mut connected = false;

@@ -305,7 +305,7 @@ pub struct StreamReport {
     pub reordered: u64,
     /// Numbers announced as removed.
     pub announced: u64,
-    /// The same, by cause (`evicted`, `expired`, `dead-lettered`, `purged`, `unrecoverable`).
+    /// The same, by cause (`evicted`, `expired`, `dead-lettered`, `purged`, `unrecoverable`, `coalesced`).
     pub announced_by_cause: BTreeMap<String, u64>,
     /// Ranges `(first, last)` neither delivered nor announced, missing for at least the grace
     /// period: lost after the sender handed them to the broker.

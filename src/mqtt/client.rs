@@ -268,7 +268,8 @@ pub(crate) struct NotQueued;
 impl MqttClient {
     /// Queues a publish. `alias`: an MQTT 5 topic alias (ignored under 3.1.1); with `Some((n,
     /// false))` the topic is sent and alias `n` bound to it, with `Some((n, true))` only the alias
-    /// is sent (the broker already knows it on this connection).
+    /// is sent (the broker already knows it on this connection). `expiry`: MQTT 5's message expiry
+    /// interval in seconds (ignored under 3.1.1, which has none).
     pub(crate) fn try_publish(
         &self,
         topic: &str,
@@ -276,16 +277,23 @@ impl MqttClient {
         retain: bool,
         payload: impl Into<Bytes>,
         alias: Option<(u16, bool)>,
+        expiry: Option<u32>,
     ) -> Result<(), NotQueued> {
-        let queued = match (self, alias) {
-            (MqttClient::V4(c), _) => c.try_publish(topic, qos, retain, payload.into()).is_ok(),
-            (MqttClient::V5(c), None) => c.try_publish(topic, v5_qos(qos), retain, payload.into()).is_ok(),
-            (MqttClient::V5(c), Some((n, known))) => {
+        let queued = match (self, alias, expiry) {
+            (MqttClient::V4(c), _, _) => c.try_publish(topic, qos, retain, payload.into()).is_ok(),
+            (MqttClient::V5(c), None, None) => {
+                c.try_publish(topic, v5_qos(qos), retain, payload.into()).is_ok()
+            }
+            (MqttClient::V5(c), alias, expiry) => {
                 let properties = v5p::PublishProperties {
-                    topic_alias: Some(n),
+                    topic_alias: alias.map(|(n, _)| n),
+                    message_expiry_interval: expiry,
                     ..Default::default()
                 };
-                let topic = if known { "" } else { topic };
+                let topic = match alias {
+                    Some((_, true)) => "",
+                    _ => topic,
+                };
                 c.try_publish_with_properties(topic, v5_qos(qos), retain, payload.into(), properties)
                     .is_ok()
             }

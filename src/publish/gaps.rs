@@ -135,6 +135,7 @@ fn encode(cfg: &Encoding<'_>, first: &GapRow, last_seq: i64, token: i64) -> Read
         Err(_) => crate::store::gaps::FALLBACK_TOPIC.to_owned(),
     };
     Ready {
+        expires_at: None,
         seq: token,
         topic,
         envelope,

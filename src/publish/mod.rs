@@ -5,7 +5,9 @@
 
 mod durability;
 mod gaps;
+mod lanes;
 mod marker;
+pub(crate) mod pacing;
 mod publisher;
 mod rows;
 

@@ -30,7 +30,9 @@ use rusqlite::Connection;
 
 use super::durability::Barrier;
 use super::gaps;
+use super::lanes::{LANES, Lanes};
 use super::marker::Marks;
+use super::pacing::Pacer;
 use super::rows::{self, Encoding, Ready, Sinks, Unpublishable};
 use crate::error::Result;
 use crate::mqtt::backoff::Backoff;
@@ -82,10 +84,18 @@ struct Live {
 struct State {
     live: Option<Live>,
     tracker: Tracker,
-    /// Encoded rows read ahead of the window, in sequence order.
-    ready: VecDeque<Ready>,
-    /// Highest sequence number read so far on this connection.
-    cursor: i64,
+    /// Encoded rows read ahead of the window, by lane, each in sequence order.
+    ready: Lanes,
+    /// Highest sequence number read so far on this connection, by lane.
+    cursor: [i64; LANES],
+    /// The last read of lane 0 reached its end.
+    lane0_end: bool,
+    /// The file changed: read the higher lanes before publishing more of lane 0's read-ahead, so
+    /// an alarm does not wait behind it.
+    check_lanes: bool,
+    /// Paced replay (`RelayConfig::pace_messages`): the bucket, and when it has tokens again.
+    pacer: Pacer,
+    paced_until: Option<Instant>,
     /// Highest `outbox_gaps.gap_id` read so far on this connection.
     gap_cursor: i64,
     /// Gap notices handed out on this connection: token to `seq` range.
@@ -171,8 +181,12 @@ impl Publisher {
         let mut s = State {
             live: None,
             tracker: Tracker::default(),
-            ready: VecDeque::new(),
-            cursor: 0,
+            ready: Lanes::default(),
+            cursor: [0; LANES],
+            lane0_end: false,
+            check_lanes: false,
+            pacer: Pacer::new(self.config.pace),
+            paced_until: None,
             gap_cursor: 0,
             notices: HashMap::new(),
             held: BTreeMap::new(),
@@ -247,10 +261,14 @@ impl Publisher {
                     // The connection thread ended (shutdown, or it failed): nothing more will come.
                     Err(_) => break,
                 },
-                recv(self.wake) -> _ => s.at_end = false,
+                recv(self.wake) -> _ => {
+                    s.at_end = false;
+                    s.check_lanes = true;
+                }
                 recv(changes) -> change => match change {
                     Ok(()) => {
                         s.at_end = false;
+                        s.check_lanes = true;
                         s.unsettled.on_change();
                     }
                     // The watch ended: poll as if there had never been one.
@@ -278,7 +296,7 @@ impl Publisher {
             if let Some(topic) = self.config.mqtt.status() {
                 let _ = live
                     .client
-                    .try_publish(topic, QoS::AtLeastOnce, true, "offline", None);
+                    .try_publish(topic, QoS::AtLeastOnce, true, "offline", None, None);
             }
             let _ = live.client.try_disconnect();
         }
@@ -310,10 +328,11 @@ impl Publisher {
         s.tracker.reset();
         s.ready.clear();
         s.cursor = if crate::mutant::active("skip-resume") {
-            s.highest_submitted
+            [s.highest_submitted; LANES]
         } else {
-            0
+            [0; LANES]
         };
+        s.lane0_end = false;
         s.resend_through = s.highest_submitted;
         s.gap_cursor = 0;
         s.notices.clear();
@@ -358,7 +377,7 @@ impl Publisher {
             // QoS 0 reports packet id 0, which the tracker ignores: it is not a row.
             let _ = link
                 .client
-                .try_publish(topic, QoS::AtMostOnce, true, "online", None);
+                .try_publish(topic, QoS::AtMostOnce, true, "online", None, None);
         }
         s.live = Some(Live {
             client: link.client,
@@ -588,21 +607,24 @@ impl Publisher {
     }
 
     fn fill_window(&mut self, s: &mut State) {
+        if let Some(until) = s.paced_until {
+            if Instant::now() < until {
+                return;
+            }
+            s.paced_until = None;
+        }
         loop {
             let Some(live) = &s.live else { return };
             if s.tracker.in_flight() >= live.window {
                 return;
             }
-            if s.ready.is_empty() {
-                if s.at_end {
-                    return;
-                }
+            if !s.at_end && (s.ready.is_empty() || std::mem::take(&mut s.check_lanes)) {
                 if let Err(e) = self.read_ahead(s) {
                     // Transient (busy, I/O): try again at the next idle tick, not in a tight loop.
                     tracing::warn!(error = %e, "could not read the outbox; retrying");
                     self.status
                         .set_error(Source::Reading, format!("reading the outbox: {e}"));
-                    s.ready.clear();
+                    // What was read ahead before stays: the cursors did not move past it.
                     s.at_end = true;
                     s.read_failed = true;
                     s.read_failed_error = true;
@@ -610,11 +632,17 @@ impl Publisher {
                 continue;
             }
             let Some(live) = &mut s.live else { return };
-            let Some(row) = s.ready.pop_front() else { return };
+            let Some((lane, row)) = s.ready.pop() else { return };
+            if let Err(until) = s.pacer.take(row.topic.len() + row.envelope.len(), Instant::now()) {
+                s.ready.put_back(lane, row);
+                s.paced_until = Some(until);
+                return;
+            }
             let alias = live.aliases.for_topic(&row.topic);
+            let expiry = row.expires_at.map(seconds_left);
             match live
                 .client
-                .try_publish(&row.topic, QoS::AtLeastOnce, false, row.envelope, alias)
+                .try_publish(&row.topic, QoS::AtLeastOnce, false, row.envelope, alias, expiry)
             {
                 Ok(()) => {
                     s.tracker.submit(row.seq);
@@ -657,6 +685,7 @@ impl Publisher {
                 Protocol::V311 => 0,
             },
             allow_dollar: self.options.limits.dollar_topics_allowed(),
+            ttl: &self.config.ttl,
         };
         let mut notices = VecDeque::new();
         let gap_read = gaps::read_after(
@@ -669,38 +698,76 @@ impl Publisher {
         )?;
         s.gap_cursor = gap_read.last_gap_id.unwrap_or(s.gap_cursor);
         s.held.extend(notices.into_iter().map(|n| (n.seq, n)));
-        let mut fresh = VecDeque::new();
-        let sinks = Sinks {
-            ready: &mut fresh,
-            bad: &mut bad,
-            expired: &mut s.expired,
-        };
-        let read = rows::read_after(&self.conn, &enc, s.cursor, limit, sinks)?;
+        // The higher lanes at every read (an index probe each when empty), lane 0 only when its
+        // read-ahead is used up.
+        let mut fresh: [VecDeque<Ready>; LANES] = Default::default();
+        let mut claim = Vec::new();
+        let mut high_at_end = true;
+        let mut last_read: Option<i64> = None;
+        let lane0 = s.ready.lane(0).is_empty();
+        // Cursors move only once every read (and the claim) succeeded: a failed read drops what
+        // it got, to be read again.
+        let mut cursor = s.cursor;
+        let mut lane0_end = s.lane0_end;
+        for lane in (0..LANES).rev() {
+            if lane == 0 && !lane0 {
+                continue;
+            }
+            let sinks = Sinks {
+                ready: &mut fresh[lane],
+                bad: &mut bad,
+                expired: &mut s.expired,
+                claim: &mut claim,
+            };
+            let read = rows::read_after(&self.conn, &enc, lane as u8, cursor[lane], limit, sinks)?;
+            let at_end = read.rows < limit;
+            if lane == 0 {
+                lane0_end = at_end;
+            } else {
+                high_at_end &= at_end;
+            }
+            cursor[lane] = read.last_seq.unwrap_or(cursor[lane]);
+            last_read = last_read.max(read.last_seq);
+        }
         if std::mem::take(&mut s.read_failed_error) {
             self.status.clear_error(Source::Reading);
         }
+        if !claim.is_empty() {
+            // Coalescing rows a newer value replaced since the read are gone (their gap rows
+            // are recorded): publishing them would send a replaced value.
+            let gone = rows::claim(&mut self.conn, &claim)?;
+            if !gone.is_empty() {
+                fresh
+                    .iter_mut()
+                    .for_each(|q| q.retain(|r| !gone.contains(&r.seq)));
+            }
+        }
+        s.cursor = cursor;
+        s.lane0_end = lane0_end;
+        let [lane0_rows, higher @ ..] = &mut fresh;
+        for (i, q) in higher.iter_mut().enumerate() {
+            s.ready.lane(i + 1).append(q);
+        }
         if crate::mutant::active("reorder") {
-            fresh.make_contiguous().reverse();
+            lane0_rows.make_contiguous().reverse();
         }
-        // Notices go out in number order among the rows, so the cloud sees one ordered stream:
-        // before the first row above their range, and once the rows are read past them (all of
-        // them at the end of the outbox). A removal behind the cursor goes out at once.
-        for row in fresh {
-            release_notices(&mut s.held, &mut s.ready, row.seq);
-            s.ready.push_back(row);
+        // Notices go out in number order among lane 0's rows, so the cloud sees one ordered
+        // stream: before the first row above their range, and once the rows are read past them
+        // (all of them at the end of the outbox). A removal behind the cursor goes out at once.
+        for row in lane0_rows.drain(..) {
+            release_notices(&mut s.held, s.ready.lane(0), row.seq);
+            s.ready.lane(0).push_back(row);
         }
-        let rows_at_end = read.rows < limit;
-        let read_through = read.last_seq.unwrap_or(s.cursor).max(s.cursor);
         release_notices(
             &mut s.held,
-            &mut s.ready,
-            if rows_at_end {
+            s.ready.lane(0),
+            if s.lane0_end {
                 i64::MAX
             } else {
-                read_through.saturating_add(1)
+                s.cursor[0].saturating_add(1)
             },
         );
-        if let Some(last) = read.last_seq
+        if let Some(last) = last_read
             && last > s.durable_through
         {
             // A FULL commit through the application's handle synced the WAL after these rows.
@@ -708,7 +775,7 @@ impl Publisher {
                 .durable_through
                 .max(self.durable_seq.load(std::sync::atomic::Ordering::Acquire));
         }
-        if let Some(last) = read.last_seq
+        if let Some(last) = last_read
             && last > s.durable_through
         {
             // Whoever wrote these rows, and with whatever `synchronous` setting, their commit
@@ -720,8 +787,7 @@ impl Publisher {
             self.status.on_wal_sync();
             s.durable_through = high.max(last);
         }
-        s.cursor = read.last_seq.unwrap_or(s.cursor);
-        s.at_end = rows_at_end && gap_read.rows < READ_BATCH;
+        s.at_end = s.lane0_end && high_at_end && gap_read.rows < READ_BATCH;
         if !bad.is_empty() {
             self.dead_letter(&bad);
             // Their gap rows are new: read them.
@@ -845,6 +911,9 @@ impl Publisher {
         if let Some((until, _)) = &s.paused_until {
             next = next.min(*until);
         }
+        if let Some(until) = s.paced_until {
+            next = next.min(until);
+        }
         next.min(s.uptime.due())
     }
 
@@ -856,12 +925,21 @@ impl Publisher {
             Ok(v) if v != s.data_version => {
                 s.data_version = v;
                 s.at_end = false;
+                s.check_lanes = true;
                 s.unsettled.settle();
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "could not poll the database for changes"),
         }
     }
+}
+
+/// What is left of a lifetime ending at `expires_at` (Unix ms), in whole seconds rounded up, at
+/// least 1: MQTT 5's message expiry interval (0 would be sent as "no expiry" by nobody, but
+/// expire at once on some brokers).
+fn seconds_left(expires_at: i64) -> u32 {
+    let ms = expires_at.saturating_sub(crate::time::now_ms()).max(1);
+    u32::try_from((ms + 999) / 1000).unwrap_or(u32::MAX)
 }
 
 /// Moves the held gap notices whose range starts below outbox row `below` to the end of `ready`.

@@ -20,6 +20,8 @@ pub(crate) struct Ready {
     pub seq: i64,
     pub topic: String,
     pub envelope: Vec<u8>,
+    /// When the message expires (Unix ms), for MQTT 5's message expiry interval.
+    pub expires_at: Option<i64>,
 }
 
 /// A row that cannot be published as stored.
@@ -39,6 +41,8 @@ pub(crate) struct Encoding<'a> {
     pub properties: usize,
     /// Whether topics may start with `$`.
     pub allow_dollar: bool,
+    /// Lifetimes by topic filter, for rows written without an expiry of their own.
+    pub ttl: &'a [(String, std::time::Duration)],
 }
 
 /// How much one read got.
@@ -54,23 +58,29 @@ pub(crate) struct Sinks<'s> {
     pub ready: &'s mut VecDeque<Ready>,
     pub bad: &'s mut Vec<Unpublishable>,
     pub expired: &'s mut Vec<i64>,
+    /// Coalescing rows not yet claimed: the relay claims them before publishing them.
+    pub claim: &'s mut Vec<i64>,
 }
 
-/// Reads up to `limit` rows after `cursor`, in sequence order, into `ready`; rows that cannot be
-/// published go to `bad`.
+/// Reads up to `limit` rows of priority `lane` after `cursor`, in sequence order, into `ready`;
+/// rows that cannot be published go to `bad`.
 pub(crate) fn read_after(
     conn: &Connection,
     cfg: &Encoding<'_>,
+    lane: u8,
     cursor: i64,
     limit: usize,
     out: Sinks<'_>,
 ) -> Result<Read> {
     // The limit is written into the SQL, not bound: SQLite's planner reads a bound LIMIT, and
     // binding it again (even to the same value) makes it prepare the statement anew at every
-    // step: about a tenth of the publisher's time, measured. It is the same on every call.
+    // step: about a tenth of the publisher's time, measured. It is the same on every call. The
+    // lane is written in too: only a literal lets the planner use the partial index of the
+    // higher lanes (`priority > 0`); lane 0 walks the table in seq order.
     let sql = format!(
-        "SELECT seq, id, topic, key, payload, event_type, headers, created_at, expires_at
-         FROM outbox WHERE seq > ?1 ORDER BY seq LIMIT {limit}"
+        "SELECT seq, id, topic, key, payload, event_type, headers, created_at, expires_at,
+                coalescing = 1 AND claimed IS NULL
+         FROM outbox WHERE priority = {lane} AND seq > ?1 ORDER BY seq LIMIT {limit}"
     );
     let mut stmt = conn.prepare_cached(&sql)?;
     let mut rows = stmt.query([cursor])?;
@@ -83,21 +93,39 @@ pub(crate) fn read_after(
         let seq: i64 = row.get(0)?;
         read.rows += 1;
         read.last_seq = Some(seq);
-        if row
-            .get::<_, Option<i64>>(8)
-            .ok()
-            .flatten()
-            .is_some_and(|t| t <= now)
-        {
+        let expires_at = expiry(row, cfg);
+        if expires_at.is_some_and(|t| t <= now) {
             out.expired.push(seq);
             continue;
         }
+        if row.get::<_, Option<bool>>(9).ok().flatten() == Some(true) {
+            out.claim.push(seq);
+        }
         match encode_row(row, cfg) {
-            Ok(r) => out.ready.push_back(r),
+            Ok(r) => out.ready.push_back(Ready { expires_at, ..r }),
             Err(reason) => out.bad.push(Unpublishable { seq, reason }),
         }
     }
     Ok(read)
+}
+
+/// When the row expires: its own `expires_at`, else its topic's default lifetime from its commit.
+fn expiry(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> Option<i64> {
+    if let Some(at) = row.get::<_, Option<i64>>(8).ok().flatten() {
+        return Some(at);
+    }
+    if cfg.ttl.is_empty() {
+        return None;
+    }
+    let topic = match row.get_ref(2) {
+        Ok(ValueRef::Text(t)) => std::str::from_utf8(t).ok()?,
+        _ => return None,
+    };
+    let created: i64 = row.get(7).ok()?;
+    cfg.ttl
+        .iter()
+        .find(|(filter, _)| rumqttc::matches(topic, filter))
+        .map(|(_, ttl)| created.saturating_add(crate::time::ms(*ttl)))
 }
 
 fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Result<Ready, String> {
@@ -158,7 +186,12 @@ fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Resul
             cfg.max_packet, cfg.limit_owner
         ));
     }
-    Ok(Ready { seq, topic, envelope })
+    Ok(Ready {
+        seq,
+        topic,
+        envelope,
+        expires_at: None,
+    })
 }
 
 /// Deletes (or, with a sent retention, moves to `outbox_sent`) the acknowledged rows, in one
@@ -232,6 +265,24 @@ pub(crate) fn dead_letter(conn: &mut Connection, bad: &[Unpublishable]) -> Resul
     }
     tx.commit()?;
     Ok(())
+}
+
+/// Claims coalescing rows for publishing, so a newer value no longer replaces them (see the
+/// `outbox_coalesce` trigger), in one transaction. Returns the rows that were replaced between
+/// the read and the claim: they must not be published (their gap is recorded).
+pub(crate) fn claim(conn: &mut Connection, seqs: &[i64]) -> Result<Vec<i64>> {
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut gone = Vec::new();
+    {
+        let mut stmt = tx.prepare_cached("UPDATE outbox SET claimed = 1 WHERE seq = ?1")?;
+        for &seq in seqs {
+            if stmt.execute([seq])? == 0 {
+                gone.push(seq);
+            }
+        }
+    }
+    tx.commit()?;
+    Ok(gone)
 }
 
 /// Removes rows whose expiry passed before they could be published, recording the gaps.

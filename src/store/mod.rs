@@ -35,7 +35,7 @@ pub(crate) use inbox::{Delivery, receive_delivery, refuse};
 pub(crate) use open::connect;
 pub use open::default_path;
 pub use options::{Limits, OnFull, Options, Synchronous};
-pub use outbox::{Committed, Message, Tx, enqueue};
+pub use outbox::{Committed, MAX_PRIORITY, Message, Tx, enqueue};
 pub use salvage::{Salvaged, SalvagedTable};
 pub use schema::{SCHEMA_VERSION, schema_version};
 pub use stats::Stats;

@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use crate::error::{Error, Result};
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Column default for "now" in Unix milliseconds. `julianday` works in every SQLite a foreign
 /// writer may link (Debian's Python ships 3.40), unlike `unixepoch('subsec')` (3.42+).
@@ -21,7 +21,7 @@ macro_rules! now_ms_sql {
 }
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
 
 /// Version 1: the outbox, the inbox, dead letters.
 const V1: &str = concat!(
@@ -201,7 +201,7 @@ CREATE TABLE outbox_gaps (
     seq        INTEGER NOT NULL UNIQUE,            -- the removed message's outbox seq
     last_seq   INTEGER,                            -- a range seq..last_seq (a salvage); NULL: one
     topic      TEXT    NOT NULL,                   -- its topic: the notice is published there
-    cause      TEXT    NOT NULL,                   -- evicted, expired, dead-lettered, purged, unrecoverable
+    cause      TEXT    NOT NULL,                   -- evicted, expired, dead-lettered, purged, unrecoverable, coalesced (v6)
     why        TEXT,
     removed_at INTEGER NOT NULL DEFAULT ",
     now_ms_sql!(),
@@ -214,6 +214,40 @@ ALTER TABLE outbox ADD COLUMN expires_at INTEGER;
 CREATE INDEX outbox_expiring ON outbox (expires_at) WHERE expires_at IS NOT NULL;
 "
 );
+
+/// Version 6: what a metered link needs. Priority lanes (higher drains first), latest-value
+/// coalescing (a new reading replaces the unpublished one of its topic and key), and eviction that
+/// takes the lowest priority first.
+const V6: &str = "
+-- 0 (default) to 3: under a backlog the relay publishes higher lanes first; within a lane, in seq
+-- order. Indexed only above 0, so the default lane costs an insert nothing more.
+ALTER TABLE outbox ADD COLUMN priority INTEGER NOT NULL DEFAULT 0 CHECK (priority BETWEEN 0 AND 3);
+CREATE INDEX outbox_lanes ON outbox (priority, seq) WHERE priority > 0;
+-- 1: inserting this row replaces (deletes, recording a gap) every older unclaimed coalescing row
+-- of the same topic and key: only the latest value of a sensor waits out an outage.
+ALTER TABLE outbox ADD COLUMN coalescing INTEGER NOT NULL DEFAULT 0 CHECK (coalescing IN (0, 1));
+-- Set by the relay on a coalescing row it has taken for publishing: a row that may be on the wire
+-- is never replaced (its PUBACK would delete the wrong message, or the cloud would get the
+-- message and a gap notice for it).
+ALTER TABLE outbox ADD COLUMN claimed INTEGER;
+CREATE INDEX outbox_coalescing ON outbox (topic, key, seq) WHERE coalescing = 1;
+ALTER TABLE outbox_counters ADD COLUMN coalesced INTEGER NOT NULL DEFAULT 0;
+-- A trigger, so a foreign writer (the SQL contract) coalesces by setting the column alone.
+CREATE TRIGGER outbox_coalesce AFTER INSERT ON outbox WHEN NEW.coalescing = 1
+BEGIN
+    INSERT OR IGNORE INTO outbox_gaps (seq, topic, cause)
+        SELECT seq, topic, 'coalesced' FROM outbox
+        WHERE topic = NEW.topic AND key = NEW.key AND coalescing = 1 AND claimed IS NULL
+          AND seq < NEW.seq;
+    UPDATE outbox_counters SET coalesced = coalesced + changes() WHERE only = 1;
+    DELETE FROM outbox
+        WHERE topic = NEW.topic AND key = NEW.key AND coalescing = 1 AND claimed IS NULL
+          AND seq < NEW.seq;
+END;
+-- Eviction takes the lowest priority first, the oldest within it.
+DROP INDEX outbox_evictable;
+CREATE INDEX outbox_evictable ON outbox (priority, seq) WHERE evictable = 1;
+";
 
 /// The column default that mints a message id for a foreign writer: 16 random bytes with the
 /// UUID version (4) and variant (10xx) bits set. SQLite before 3.41 has no `unhex`, so the two

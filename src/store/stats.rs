@@ -24,6 +24,9 @@ pub struct Stats {
     pub evicted: u64,
     /// Their payload bytes.
     pub evicted_bytes: u64,
+    /// Messages replaced unsent by a newer coalescing message of their topic and key
+    /// ([`Message::coalescing`](crate::Message::coalescing)), since the file was created.
+    pub coalesced: u64,
     /// Dead letters waiting for an operator.
     pub dead_letters: u64,
     /// Commands received and not yet applied (nor dead-lettered).
@@ -66,13 +69,19 @@ fn read_now(conn: &Connection) -> Result<Stats> {
         .query_row([], |r| r.get(0))
         .optional()?;
     let count = |sql: &str| -> Result<u64> { Ok(conn.prepare_cached(sql)?.query_row([], |r| r.get(0))?) };
-    let v5 = super::schema_version(conn)? >= 5;
+    let version = super::schema_version(conn)?;
+    let v5 = version >= 5;
     Ok(Stats {
         pending_messages,
         pending_bytes,
         oldest_pending_age: oldest.map(age),
         evicted,
         evicted_bytes,
+        coalesced: if version >= 6 {
+            count("SELECT coalesced FROM outbox_counters")?
+        } else {
+            0
+        },
         dead_letters: count("SELECT count(*) FROM dead_letters")?,
         inbox_unapplied: count("SELECT count(*) FROM inbox WHERE applied_at IS NULL AND dead_at IS NULL")?,
         inbox_applied: count("SELECT count(*) FROM inbox WHERE applied_at IS NOT NULL")?,
@@ -91,7 +100,7 @@ fn read_now(conn: &Connection) -> Result<Stats> {
 
 /// One line for a log or a terminal:
 /// `12 pending (3456 B, oldest 5.2s), 0 evicted, 0 dead letters, inbox 0 unapplied / 1 applied`,
-/// then `, 2 gaps to announce` and `, salvaged 1 times` when there are any.
+/// then `, 7 coalesced`, `, 2 gaps to announce` and `, salvaged 1 times` when there are any.
 ///
 /// ```
 /// let mut stats = edge_outbox::Stats::default();
@@ -114,6 +123,9 @@ impl std::fmt::Display for Stats {
             self.evicted, self.dead_letters, self.inbox_unapplied, self.inbox_applied
         )?;
         // What the cloud has not been told yet, and a past salvage: only when there is any.
+        if self.coalesced > 0 {
+            write!(f, ", {} coalesced", self.coalesced)?;
+        }
         if self.gaps_unannounced > 0 {
             write!(f, ", {} gaps to announce", self.gaps_unannounced)?;
         }
