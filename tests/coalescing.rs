@@ -25,9 +25,15 @@ fn reading(sensor: &str, value: u64) -> Message {
         .coalescing(true)
 }
 
-/// Every envelope a subscriber got (gap notices aside), as (key, value), in arrival order; and the
-/// announced gaps by cause.
-fn received(sub: &Subscriber) -> TestResult<(Vec<(String, u64)>, BTreeMap<String, u64>, u64)> {
+/// What the cloud made of a run: every envelope (gap notices aside) as (key, value) in arrival
+/// order, the announced gaps by cause, and the unexplained ones.
+struct Received {
+    messages: Vec<(String, u64)>,
+    by_cause: BTreeMap<String, u64>,
+    unexplained: u64,
+}
+
+fn received(sub: &Subscriber) -> TestResult<Received> {
     let mut messages = Vec::new();
     let mut consumer = Consumer::new().from_start(true);
     for m in sub.messages() {
@@ -43,7 +49,11 @@ fn received(sub: &Subscriber) -> TestResult<(Vec<(String, u64)>, BTreeMap<String
             *by_cause.entry(cause.clone()).or_insert(0) += n;
         }
     }
-    Ok((messages, by_cause, report.totals.unexplained))
+    Ok(Received {
+        messages,
+        by_cause,
+        unexplained: report.totals.unexplained,
+    })
 }
 
 fn settled(outbox: &Outbox) -> bool {
@@ -88,7 +98,11 @@ fn ten_thousand_readings_during_an_outage_publish_only_the_latest() -> TestResul
         sub.wait_messages(WAIT, |m| m.len() >= 3),
         "too few messages arrived"
     );
-    let (messages, by_cause, unexplained) = received(&sub)?;
+    let Received {
+        messages,
+        by_cause,
+        unexplained,
+    } = received(&sub)?;
     let t1: Vec<u64> = messages
         .iter()
         .filter(|(k, _)| k == "t1")
@@ -144,7 +158,11 @@ fn a_reading_the_relay_has_taken_is_not_replaced() -> TestResult {
     proxy.resume();
     assert!(settled(&outbox), "the relay did not publish both");
     assert!(sub.wait_messages(WAIT, |m| m.len() >= 2));
-    let (messages, by_cause, unexplained) = received(&sub)?;
+    let Received {
+        messages,
+        by_cause,
+        unexplained,
+    } = received(&sub)?;
     let values: Vec<u64> = messages.iter().map(|(_, v)| *v).collect();
     assert_eq!(values, vec![1, 2]);
     assert!(by_cause.is_empty(), "{by_cause:?}");

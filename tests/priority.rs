@@ -2,8 +2,8 @@
 //! commit order per key; eviction takes the lowest priority first; a bad priority is refused.
 //!
 //! Broken builds these catch: a relay that reads in seq order only (the alarms arrive last), one
-//! that reads the higher lanes only when lane 0's read-ahead is used up (an alarm committed during
-//! a drain waits for the backlog), one that mixes up a lane's order, and eviction by age alone.
+//! that reads the higher lanes once per connection (an alarm committed during a drain waits for
+//! the whole backlog), one that mixes up a lane's order, and eviction by age alone.
 
 mod common;
 mod support;
@@ -84,8 +84,8 @@ fn an_alarm_committed_during_a_drain_overtakes_the_backlog() -> TestResult {
     );
     let got = arrivals(&sub)?;
     let at = got.iter().position(|(k, _)| k == "alarm").ok_or("no alarm")?;
-    // The relay reads the higher lanes when the file changes: the alarm goes out within a read
-    // batch and a window of its commit, not after the rest of the backlog.
+    // The relay reads the higher lanes at every read and when the file changes: the alarm goes
+    // out within a read batch and a window of its commit, not after the rest of the backlog.
     let behind = got.len() - at - 1;
     assert!(
         behind as u64 > backlog / 2,

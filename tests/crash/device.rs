@@ -8,7 +8,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use edge_outbox::{Error, MqttConfig, Options, Outbox, Relay, RelayConfig, Status, Synchronous};
+use edge_outbox::{Error, Message, MqttConfig, Options, Outbox, Relay, RelayConfig, Status, Synchronous};
 
 /// How the orchestrator configures a device run (environment variables, so a restart is the same
 /// command line).
@@ -26,6 +26,9 @@ impl DeviceEnv {
     pub const SYNC: &'static str = "CRASH_DEVICE_SYNC";
     /// Every n-th order attempt publishes and then rolls back (default 7; 0: never).
     pub const ROLLBACK_EVERY: &'static str = "CRASH_DEVICE_ROLLBACK_EVERY";
+    /// Set: orders go out in priority lanes (one priority per key), with a topic lifetime and a
+    /// pace on the relay (issue 13's options under the same kills).
+    pub const LANES: &'static str = "CRASH_DEVICE_LANES";
 }
 
 /// Set (to the number of commands it must have applied by then) when the orchestrator asks this
@@ -107,7 +110,15 @@ pub fn run() -> Result<(), Error> {
         .client_id(CLIENT_ID)
         .keep_alive(Duration::from_secs(5))
         .connect_timeout(Duration::from_secs(2));
-    let config = RelayConfig::new(mqtt)
+    let lanes = var(DeviceEnv::LANES).is_some();
+    let mut config = RelayConfig::new(mqtt);
+    if lanes {
+        // A lifetime no order outlives in a run, so nothing expires; a pace above the load.
+        config = config
+            .expire_after("orders/#", Duration::from_secs(3600))
+            .pace_messages(20_000);
+    }
+    let config = config
         .commands(COMMAND_FILTER)
         .commands_client_id(COMMAND_CLIENT_ID)
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(300));
@@ -169,7 +180,14 @@ pub fn run() -> Result<(), Error> {
         }
         let result = outbox.transaction(|tx| {
             tx.execute("INSERT INTO orders VALUES (?1, ?2, ?3)", (n, &key, n * 10))?;
-            tx.publish(&format!("orders/{key}"), &key, &(n, &key, n * 10))?;
+            if lanes {
+                // One priority per key: the lanes keep each key's order.
+                let lane = (n % KEYS as i64 % 4) as u8;
+                let message = Message::new(format!("orders/{key}"), key.as_str(), &(n, &key, n * 10))?;
+                tx.send(&message.priority(lane))?;
+            } else {
+                tx.publish(&format!("orders/{key}"), &key, &(n, &key, n * 10))?;
+            }
             Ok::<_, Error>(())
         });
         match result {

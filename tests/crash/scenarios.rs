@@ -76,7 +76,19 @@ fn libc_sigabrt() -> i32 {
 /// SIGKILLs the device at random moments under load, `kills` times, restarting it each time;
 /// every other run uses `synchronous = NORMAL` (a process crash must lose nothing there either).
 pub fn random_kills(kills: usize, rng: &mut Rng) -> Verdict {
+    random_kills_with(kills, rng, false)
+}
+
+/// [`random_kills`] with the orders in priority lanes, a topic lifetime and a pace on the relay.
+pub fn random_kills_in_lanes(kills: usize, rng: &mut Rng) -> Verdict {
+    random_kills_with(kills, rng, true)
+}
+
+fn random_kills_with(kills: usize, rng: &mut Rng, lanes: bool) -> Verdict {
     let mut lab = Lab::new(Broker::start().expect("broker"), false, 1_000_000);
+    if lanes {
+        lab.env.push((DeviceEnv::LANES, "1".into()));
+    }
     let mut device = lab.start(None);
     assert!(device.wait_line("ready", READY), "device never became ready");
     device.kill();
@@ -93,7 +105,12 @@ pub fn random_kills(kills: usize, rng: &mut Rng) -> Verdict {
     }
     // Finish a little past what was committed, so the last run also commits.
     lab.orders = lab.last_order() + 50;
-    lab.finish("random SIGKILL (FULL and NORMAL)", kills)
+    let what = if lanes {
+        "random SIGKILL, priority lanes, topic lifetime, pace (FULL and NORMAL)"
+    } else {
+        "random SIGKILL (FULL and NORMAL)"
+    };
+    lab.finish(what, kills)
 }
 
 /// How long a relay may take to notice a half-open link: two keep-alives of 5 s and a margin.
