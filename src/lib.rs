@@ -147,9 +147,9 @@ pub use report::RelayReport;
 #[cfg(feature = "signed-commands")]
 pub use signed::{CommandSigner, TrustedKeys};
 pub use store::{
-    ApplyOutcome, Command, Committed, DeadLetter, Limits, MAX_PRIORITY, Message, OnFull, Options, Origin,
-    Outbox, Received, SCHEMA_VERSION, Salvaged, SalvagedTable, Stats, Synchronous, Tx, default_path, enqueue,
-    integrity_check, schema_version,
+    ApplyOutcome, Command, Committed, DeadLetter, Limits, MAX_PRIORITY, Message, MessageClass, OnFull,
+    Options, Origin, Outbox, Received, SCHEMA_VERSION, Salvaged, SalvagedTable, Stats, Synchronous, Tx,
+    default_path, enqueue, integrity_check, schema_version,
 };
 
 #[cfg(test)]

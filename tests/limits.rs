@@ -3,9 +3,12 @@
 //! the rules refuse are dead-lettered by the relay, and a command larger than anything the device
 //! accepts is dead-lettered and acknowledged, never left to wedge the command session.
 
+mod common;
 mod support;
 
 use std::time::Duration;
+
+use common::TestResult;
 
 use edge_outbox::{Envelope, Error, Limits, MessageId, Options, Outbox, Relay};
 use rumqttc::QoS;
@@ -131,4 +134,75 @@ fn an_oversized_command_is_dead_lettered_and_the_session_goes_on() {
 /// Bytes as a CBOR byte string (serde's Vec<u8> is an array of numbers).
 fn serde_bytes(v: Vec<u8>) -> ciborium::Value {
     ciborium::Value::Bytes(v)
+}
+
+/// Storage policy per class (`Limits::class`): under a limit, telemetry makes room and alarms
+/// never do; a message's own setting wins over its class; a class's lifetime and coalescing
+/// reach the row. A build that ignored classes would evict nothing (telemetry not evictable by
+/// default) and fail the telemetry commits, or evict alarms.
+#[test]
+fn telemetry_evicts_and_alarms_never_do() -> TestResult {
+    use edge_outbox::{Message, MessageClass, OnFull};
+    let dir = tempfile::tempdir()?;
+    let limits = Limits::new()
+        .max_pending_messages(10)
+        .on_full(OnFull::EvictOldest)
+        .class(
+            "telemetry/#",
+            MessageClass::new()
+                .evictable(true)
+                .coalescing(false)
+                .expires_after(Duration::from_secs(600)),
+        )
+        .class("alarms/#", MessageClass::new().priority(3))
+        .class("sensors/#", MessageClass::new().coalescing(true));
+    let outbox = Outbox::open_with(dir.path().join("t.db"), Options::new().limits(limits))?;
+    outbox.transaction(|tx| {
+        for i in 0..5 {
+            tx.publish("alarms/door", "door", &i)?;
+        }
+        for i in 0..20 {
+            tx.publish("telemetry/t1", "t1", &i)?;
+        }
+        Ok::<_, Error>(())
+    })?;
+    let stats = outbox.stats()?;
+    assert_eq!((stats.pending_messages, stats.evicted), (10, 15), "{stats}");
+    let count = |sql: &str| -> TestResult<i64> {
+        Ok(outbox.with_connection(|c| c.query_row(sql, [], |r| r.get(0)))?)
+    };
+    assert_eq!(
+        count("SELECT count(*) FROM outbox WHERE topic = 'alarms/door' AND priority = 3 AND evictable = 0")?,
+        5
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM outbox WHERE topic = 'telemetry/t1' AND expires_at IS NOT NULL")?,
+        5
+    );
+    // Only alarms and a telemetry reading that says it must stay: nothing left to evict.
+    outbox.transaction(|tx| tx.send(&Message::new("telemetry/t1", "t1", &99)?.evictable(false)))?;
+    // It evicted one of the five; four more alarms evict the other four.
+    for i in 0..4 {
+        outbox.transaction(|tx| tx.publish("alarms/door", "door", &(10 + i)))?;
+    }
+    assert_eq!(count("SELECT count(*) FROM outbox WHERE evictable = 1")?, 0);
+    let full = outbox.transaction(|tx| tx.publish("alarms/door", "door", &100));
+    assert!(matches!(full, Err(Error::StorageFull { .. })), "{full:?}");
+    // A class's coalescing: the second sensor reading replaces the first.
+    let outbox2 = Outbox::open_with(
+        dir.path().join("s.db"),
+        Options::new().limits(Limits::new().class("sensors/#", MessageClass::new().coalescing(true))),
+    )?;
+    outbox2.transaction(|tx| {
+        tx.publish("sensors/t", "t", &1)?;
+        tx.publish("sensors/t", "t", &2)
+    })?;
+    assert_eq!(outbox2.stats()?.coalesced, 1);
+    // A class with a priority above the highest is refused when the store is opened.
+    let bad = Options::new().limits(Limits::new().class("x/#", MessageClass::new().priority(9)));
+    assert!(matches!(
+        Outbox::open_with(dir.path().join("b.db"), bad),
+        Err(Error::InvalidConfig(_))
+    ));
+    Ok(())
 }

@@ -427,8 +427,59 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
     Ok(())
 }
 
-/// Undoes migration 5 on `conn`'s file: what a version 4 build left.
+/// Undoes migration 6 on `conn`'s file: what a version 5 build left.
+fn down_to_5(conn: &rusqlite::Connection) -> TestResult {
+    conn.execute_batch(
+        "DROP TRIGGER outbox_coalesce;
+         DROP INDEX outbox_coalescing;
+         DROP INDEX outbox_lanes;
+         DROP INDEX outbox_evictable;
+         CREATE INDEX outbox_evictable ON outbox (seq) WHERE evictable = 1;
+         ALTER TABLE outbox DROP COLUMN claimed;
+         ALTER TABLE outbox DROP COLUMN coalescing;
+         ALTER TABLE outbox DROP COLUMN priority;
+         ALTER TABLE outbox_counters DROP COLUMN coalesced;
+         UPDATE edge_outbox_meta SET value = 5 WHERE name = 'schema_version';",
+    )?;
+    Ok(())
+}
+
+/// A version 5 file is migrated to version 6 in place: its pending rows keep their numbers and
+/// land in lane 0, not coalescing; the new columns, indexes and trigger work on them at once.
+#[test]
+fn a_version_5_outbox_is_migrated_to_version_6_with_its_rows_in_lane_0() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    {
+        let outbox = Outbox::open(&path)?;
+        for i in 0..3 {
+            outbox.transaction(|tx| tx.publish("t", "k", &i))?;
+        }
+        drop(outbox);
+        down_to_5(&rusqlite::Connection::open(&path)?)?;
+    }
+    let outbox = Outbox::open(&path)?;
+    assert_eq!(schema_version(&outbox)?, SCHEMA_VERSION);
+    assert_eq!(
+        query_i64(
+            &outbox,
+            "SELECT count(*) FROM outbox WHERE priority = 0 AND coalescing = 0 AND claimed IS NULL"
+        )?,
+        3
+    );
+    outbox.transaction(|tx| {
+        tx.send(&edge_outbox::Message::new("t", "k", &3)?.coalescing(true))?;
+        tx.send(&edge_outbox::Message::new("t", "k", &4)?.coalescing(true))
+    })?;
+    // The old rows are not coalescing: only the first new one is replaced.
+    assert_eq!(outbox.stats()?.pending_messages, 4);
+    assert_eq!(outbox.stats()?.coalesced, 1);
+    assert_eq!(query_i64(&outbox, "SELECT max(seq) FROM outbox")?, 5);
+    Ok(())
+}
+
+/// Undoes migrations 6 and 5 on `conn`'s file: what a version 4 build left.
 fn down_to_4(conn: &rusqlite::Connection) -> TestResult {
+    down_to_5(conn)?;
     let sql: String = conn.query_row("SELECT sql FROM sqlite_schema WHERE name = 'outbox'", [], |r| {
         r.get(0)
     })?;

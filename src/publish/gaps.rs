@@ -4,7 +4,9 @@
 //! Gap rows are read from a cursor on `gap_id` (recording order), so a removal recorded behind
 //! the outbox cursor (a row evicted while in flight) is still announced on this connection.
 //! Consecutive removals of one read with the same topic, cause, reason and epoch become one
-//! notice. A notice's id is derived from its range and cause, so a notice published again after
+//! notice; coalesced ones whatever their topics, since a device whose sensors all coalesce
+//! replaces runs of readings of many topics at once, and one notice per topic change would cost
+//! the link nearly what the readings did. A notice's id is derived from its range and cause, so a notice published again after
 //! a reconnect is the same message to a deduplicating consumer.
 //!
 //! In the in-flight tracker a notice stands under a token above every outbox sequence number
@@ -27,6 +29,9 @@ pub(crate) const TOKEN_BASE: i64 = 1 << 62;
 /// A notice's reason text is cut to this many bytes: it names a dead letter's cause, and must
 /// not make the notice too large to publish.
 const WHY_MAX: usize = 256;
+
+/// The cause the `outbox_coalesce` trigger records.
+const COALESCED: &str = "coalesced";
 
 /// Whether a tracker entry is a gap notice rather than an outbox row.
 pub(crate) fn is_notice(seq: i64) -> bool {
@@ -92,7 +97,7 @@ pub(crate) fn read_after(
         while let Some(next) = found.get(last + 1) {
             let prev = &found[last];
             if next.seq != prev.last + 1
-                || next.topic != first.topic
+                || (next.topic != first.topic && first.cause != COALESCED)
                 || next.cause != first.cause
                 || next.why != first.why
                 || cfg.epochs.locate(next.last).0 != epoch

@@ -163,6 +163,9 @@ const CHOKE_WINDOW: Duration = Duration::from_secs(2);
 const ACK_BATCH: usize = 512;
 /// Rows read from the outbox at a time, at least.
 const READ_BATCH: usize = 256;
+/// Gap rows read at a time: more than rows, because consecutive ones merge into one notice (a
+/// long outage of coalescing sensors leaves long runs).
+const GAP_READ_BATCH: usize = 4096;
 /// Queued events are taken without a `select!`, but at most this many in a row, so that stop and
 /// wake-ups are still seen.
 const EVENT_BURST: usize = 64;
@@ -692,7 +695,7 @@ impl Publisher {
             &self.conn,
             &enc,
             s.gap_cursor,
-            READ_BATCH,
+            GAP_READ_BATCH,
             &mut notices,
             &mut s.notices,
         )?;
@@ -787,7 +790,7 @@ impl Publisher {
             self.status.on_wal_sync();
             s.durable_through = high.max(last);
         }
-        s.at_end = s.lane0_end && high_at_end && gap_read.rows < READ_BATCH;
+        s.at_end = s.lane0_end && high_at_end && gap_read.rows < GAP_READ_BATCH;
         if !bad.is_empty() {
             self.dead_letter(&bad);
             // Their gap rows are new: read them.

@@ -1,6 +1,7 @@
 //! The SQLite store: business tables, outbox, inbox and dead letters in one WAL file.
 
 mod apply;
+mod class;
 pub(crate) mod counters;
 mod dead_letters;
 pub(crate) mod epoch;
@@ -29,6 +30,7 @@ use crossbeam_channel::{Receiver, Sender};
 use rusqlite::{Connection, TransactionBehavior};
 
 pub(crate) use apply::{Applier, RELAY_OWNER, recover_relay_attempts, run_next};
+pub use class::MessageClass;
 pub use dead_letters::{DeadLetter, Origin};
 pub use inbox::{ApplyOutcome, Command, Received};
 pub(crate) use inbox::{Delivery, receive_delivery, refuse};

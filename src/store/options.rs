@@ -52,6 +52,7 @@ pub struct Limits {
     max_pending_messages: Option<u64>,
     max_pending_bytes: Option<u64>,
     on_full: OnFull,
+    classes: Vec<(String, super::class::MessageClass)>,
 }
 
 impl Default for Limits {
@@ -62,6 +63,7 @@ impl Default for Limits {
             max_pending_messages: None,
             max_pending_bytes: None,
             on_full: OnFull::Reject,
+            classes: Vec::new(),
         }
     }
 }
@@ -105,6 +107,19 @@ impl Limits {
         self
     }
 
+    /// Gives the messages on topics matching `filter` the defaults of `class` (priority,
+    /// coalescing, eviction, lifetime) where the message does not set them itself: storage policy
+    /// per class, so telemetry evicts and alarms never do. The first matching filter applies.
+    /// Applied when the crate enqueues; a foreign writer (the SQL contract) sets the columns.
+    pub fn class(mut self, filter: impl Into<String>, class: super::class::MessageClass) -> Self {
+        self.classes.push((filter.into(), class));
+        self
+    }
+
+    pub(crate) fn classes(&self) -> &[(String, super::class::MessageClass)] {
+        &self.classes
+    }
+
     /// The payload size limit in bytes.
     pub fn payload_limit(&self) -> usize {
         self.max_payload_bytes
@@ -135,6 +150,9 @@ impl Limits {
     }
 
     fn validate(&self) -> Result<()> {
+        for (filter, class) in &self.classes {
+            class.validate(filter)?;
+        }
         if self.max_payload_bytes == 0 {
             return Err(Error::InvalidConfig(
                 "max_payload_bytes must be at least 1".into(),
