@@ -1064,3 +1064,72 @@ fn doctor_checks_and_salvages_a_damaged_file() -> TestResult {
     assert!(pending > 1900 && pending < 2000, "{status}");
     Ok(())
 }
+
+/// `relay --expire FILTER=SECS --pace-messages N`: a message older than its topic's lifetime is
+/// announced as expired instead of published, the rest flows; a malformed lifetime is a usage
+/// error naming the expected form, before anything is opened.
+#[test]
+fn relay_takes_topic_lifetimes_and_a_pace() -> TestResult {
+    let broker = Broker::start()?;
+    let sub = Subscriber::start(broker.addr(), "cli-exp/#")?;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("device.db");
+    let outbox = Outbox::open(&db)?;
+    outbox.transaction(|tx| {
+        tx.publish("cli-exp/old/t", "t", &1)?;
+        tx.publish("cli-exp/new", "n", &2)
+    })?;
+    std::thread::sleep(Duration::from_millis(1_100));
+    let bad = run(&[
+        "relay",
+        "--broker",
+        "mqtt://h",
+        "--client-id",
+        "x",
+        "--expire",
+        "telemetry/#",
+    ]);
+    assert_eq!(bad.code, Some(2), "{bad:#?}");
+    assert!(bad.stderr.contains("FILTER=SECS"), "{bad:#?}");
+    let relay = RelayProcess::spawn(
+        &db,
+        &broker,
+        "cli-exp",
+        &[
+            "--expire",
+            "cli-exp/old/#=1",
+            "--pace-messages",
+            "100",
+            "--pace-bytes",
+            "100000",
+        ],
+    )?;
+    assert!(
+        support::wait_until(|| outbox
+            .stats()
+            .is_ok_and(|s| s.pending_messages == 0 && s.gaps_unannounced == 0)),
+        "relay log: {}",
+        relay.log()
+    );
+    assert!(sub.wait_for(2, WAIT), "relay log: {}", relay.log());
+    let items: Vec<edge_outbox::envelope::Published> = sub
+        .payloads()
+        .iter()
+        .map(|p| edge_outbox::envelope::Published::decode(p))
+        .collect::<Result<_, _>>()?;
+    let keys: Vec<String> = items
+        .iter()
+        .filter_map(|i| match i {
+            edge_outbox::envelope::Published::Message(env) => Some(env.key.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(keys, vec!["n"], "the old message expired: {items:?}");
+    assert!(
+        items
+            .iter()
+            .any(|i| matches!(i, edge_outbox::envelope::Published::Gap(g) if g.cause == edge_outbox::GapCause::Expired)),
+        "{items:?}"
+    );
+    Ok(())
+}

@@ -112,6 +112,33 @@ pub struct RelayArgs {
     /// a backlog drains. Never drawn when stderr is not a terminal.
     #[arg(long)]
     pub progress: bool,
+    /// Publish at most this many messages a second (a metered link; highest priority first).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub pace_messages: Option<u32>,
+    /// Publish at most this many bytes (topic and payload) a second.
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub pace_bytes: Option<u64>,
+    /// FILTER=SECS: messages on matching topics written without a lifetime of their own expire
+    /// this long after their commit (removed unpublished, announced as a gap). Repeatable; the
+    /// first match applies.
+    #[arg(long, value_name = "FILTER=SECS", value_parser = parse_lifetime)]
+    pub expire: Vec<(String, Duration)>,
+}
+
+/// `FILTER=SECS` for `--expire`.
+fn parse_lifetime(arg: &str) -> std::result::Result<(String, Duration), String> {
+    let (filter, secs) = arg
+        .rsplit_once('=')
+        .ok_or_else(|| format!("{arg:?}: expected FILTER=SECS, e.g. telemetry/#=3600"))?;
+    let secs: u64 = secs
+        .parse()
+        .map_err(|_| format!("{arg:?}: {secs:?} is not a whole number of seconds"))?;
+    if filter.is_empty() || secs == 0 {
+        return Err(format!(
+            "{arg:?}: the filter must not be empty and the lifetime at least 1 s"
+        ));
+    }
+    Ok((filter.to_owned(), Duration::from_secs(secs)))
 }
 
 pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
@@ -201,6 +228,15 @@ fn config(args: &RelayArgs) -> Result<RelayConfig> {
     }
     if let Some(file) = &args.metrics_file {
         config = config.metrics_file(file);
+    }
+    if let Some(n) = args.pace_messages {
+        config = config.pace_messages(n);
+    }
+    if let Some(bytes) = args.pace_bytes {
+        config = config.pace_bytes(bytes);
+    }
+    for (filter, lifetime) in &args.expire {
+        config = config.expire_after(filter, *lifetime);
     }
     Ok(config)
 }
