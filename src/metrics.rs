@@ -68,6 +68,12 @@ pub fn encode(stats: &Stats, relay: Option<&RelayReport>) -> String {
         "Payload bytes of the evicted messages",
         stats.evicted_bytes,
     );
+    counter(
+        &mut r,
+        "coalesced",
+        "Messages replaced unsent by a newer coalescing message of their topic and key",
+        stats.coalesced,
+    );
     gauge(
         &mut r,
         "dead_letters",

@@ -200,6 +200,7 @@ fn status_reports_the_store_in_text_and_json() -> TestResult {
     assert_eq!(json["pending"]["bytes"], stats.pending_bytes);
     assert!(json["pending"]["oldest_age_ms"].is_u64());
     assert_eq!(json["evicted"]["messages"], stats.evicted);
+    assert_eq!(json["coalesced"], stats.coalesced);
     assert_eq!(json["dead_letters"], stats.dead_letters);
     assert_eq!(json["inbox"]["unapplied"], stats.inbox_unapplied);
     assert_eq!(json["inbox"]["applied"], stats.inbox_applied);

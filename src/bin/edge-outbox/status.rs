@@ -110,6 +110,7 @@ fn to_json(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
             "oldest_age_ms": c.oldest_pending_ms,
         },
         "evicted": { "messages": c.stats.evicted, "bytes": c.stats.evicted_bytes },
+        "coalesced": c.stats.coalesced,
         "epoch": c.stats.epoch,
         "gaps_unannounced": c.stats.gaps_unannounced,
         "salvaged": c.stats.salvaged,
@@ -146,6 +147,10 @@ fn to_text(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
             "evicted       {}, {}",
             count(c.stats.evicted, "message"),
             bytes(c.stats.evicted_bytes)
+        ),
+        format!(
+            "coalesced     {} (replaced unsent by a newer value of their topic and key)",
+            count(c.stats.coalesced, "message")
         ),
         format!(
             "epoch         {} ({} removed unpublished, not yet announced to the cloud{})",
