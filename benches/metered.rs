@@ -3,8 +3,9 @@
 //! - **Alarm behind a backlog**: `EDGE_OUTBOX_BENCH_BACKLOG` (default 1,000,000) telemetry rows
 //!   are queued in lane 0; a relay starts draining them into mosquitto; once the subscriber has
 //!   seen the drain start, one alarm (priority 3) is committed and timed from the `transaction`
-//!   call to its arrival at a subscriber of the alarm topic. Printed with how much of the backlog
-//!   was still pending then (the alarm did not wait for it).
+//!   call to its arrival at a subscriber of the alarm topic. Printed with the part of it the
+//!   commit took, and how much of the backlog was still pending then (the alarm did not wait for
+//!   it).
 //! - **Paced replay**: `EDGE_OUTBOX_BENCH_PACED` (default 1,000) messages drained with
 //!   `pace_messages(200)`, then with `pace_bytes(20,000)`; the achieved rate is measured at the
 //!   subscriber from the first arrival to the last, against the set rate (target within 10%).
@@ -25,7 +26,9 @@ use support::Subscriber;
 
 const WAIT: Duration = Duration::from_secs(600);
 
-fn alarm_behind_backlog(port: u16, backlog: u64) -> BoxResult<(f64, u64)> {
+/// The alarm's time from the `transaction` call to arrival, the part of it the commit took, and
+/// the telemetry rows still pending when it arrived.
+fn alarm_behind_backlog(port: u16, backlog: u64) -> BoxResult<(f64, f64, u64)> {
     let base = common::bench_dir()?;
     let dir = tempfile::Builder::new().prefix("metered-").tempdir_in(&base)?;
     let outbox = Outbox::open(dir.path().join("outbox.db"))?;
@@ -57,13 +60,14 @@ fn alarm_behind_backlog(port: u16, backlog: u64) -> BoxResult<(f64, u64)> {
     }
     let sent = Instant::now();
     outbox.transaction(|tx| tx.send(&Message::new("metered/alarms", "door-1", "open")?.priority(3)))?;
+    let commit_ms = sent.elapsed().as_secs_f64() * 1000.0;
     if !alarms.wait_for(1, WAIT) {
         return Err("the alarm did not arrive".into());
     }
     let ms = sent.elapsed().as_secs_f64() * 1000.0;
     let pending = outbox.stats()?.pending_messages;
     relay.shutdown()?;
-    Ok((ms, pending))
+    Ok((ms, commit_ms, pending))
 }
 
 /// Drains `n` messages through a relay with `pace`, and returns the achieved rate in messages
@@ -115,13 +119,14 @@ fn main() -> BoxResult<()> {
         mqtt::protocol().as_str()
     );
 
-    let (alarm_ms, pending) = alarm_behind_backlog(port, backlog)?;
+    let (alarm_ms, commit_ms, pending) = alarm_behind_backlog(port, backlog)?;
     println!("alarm arrived with {pending} of {backlog} telemetry rows still pending");
 
     let (rate, _) = paced(port, n, "bench-paced-msgs", |c| c.pace_messages(200))?;
     let (_, byte_rate) = paced(port, n, "bench-paced-bytes", |c| c.pace_bytes(20_000))?;
 
     println!("bench: alarm_behind_backlog_ms {alarm_ms:.1}");
+    println!("bench: alarm_commit_ms {commit_ms:.1}");
     println!("bench: alarm_backlog_pending {pending}");
     println!("bench: paced_msgs_per_s {rate:.1} (set 200)");
     println!("bench: paced_msgs_ratio {:.3}", rate / 200.0);
