@@ -4,13 +4,16 @@
 //!
 //! Broken builds these catch: a trigger that does not replace (ten thousand messages published),
 //! one that forgets the gap rows (the consumer sees unexplained gaps), one that replaces
-//! non-coalescing messages or other keys (messages missing), and a relay that does not claim
-//! what it publishes (the in-flight value deleted and announced as a gap while it was delivered).
+//! non-coalescing messages, other keys or other topics (messages missing), one that announces each
+//! replaced reading alone (thousands of notices), a relay that does not claim what it publishes
+//! (the in-flight value deleted and announced as a gap while it was delivered) or publishes a row
+//! replaced between its read and its claim (a number delivered and announced), and limits that
+//! make room before the trigger frees the old value (another sensor's value evicted).
 
 mod common;
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use common::{TestResult, query_i64, temp_db};
 use edge_outbox::consumer::Consumer;
@@ -20,7 +23,11 @@ use support::device::relay_config;
 use support::{Broker, Proxy, Subscriber, WAIT, wait_until};
 
 fn reading(sensor: &str, value: u64) -> Message {
-    Message::new(format!("coal/{sensor}"), sensor, &value)
+    reading_on("coal", sensor, value)
+}
+
+fn reading_on(prefix: &str, sensor: &str, value: u64) -> Message {
+    Message::new(format!("{prefix}/{sensor}"), sensor, &value)
         .expect("message")
         .coalescing(true)
 }
@@ -84,6 +91,8 @@ fn ten_thousand_readings_during_an_outage_publish_only_the_latest() -> TestResul
             }
             if batch == 50 {
                 tx.send(&Message::new("coal/t1", "t1", &777_777u64)?)?;
+                // Same key, another topic: another stream, not replaced.
+                tx.send(&Message::new("coal/other", "t1", &555_555u64)?.coalescing(true))?;
                 tx.send(&reading("t2", 1))?;
                 tx.send(&reading("t2", 2))?;
             }
@@ -92,7 +101,7 @@ fn ten_thousand_readings_during_an_outage_publish_only_the_latest() -> TestResul
     }
     let stats = outbox.stats()?;
     assert_eq!(stats.coalesced, 9_999 + 1, "{stats}");
-    assert_eq!(stats.pending_messages, 3, "{stats}");
+    assert_eq!(stats.pending_messages, 4, "{stats}");
 
     let _relay = Relay::start(&outbox, relay_config(broker.addr(), "coal-device"))?;
     assert!(
@@ -116,8 +125,8 @@ fn ten_thousand_readings_during_an_outage_publish_only_the_latest() -> TestResul
         .collect();
     assert_eq!(
         t1,
-        vec![777_777, 9_999],
-        "t1's kept message, then its latest reading"
+        vec![777_777, 555_555, 9_999],
+        "t1: its kept message, its value on another topic, then its latest reading"
     );
     let t2: Vec<u64> = messages
         .iter()
@@ -246,5 +255,73 @@ fn a_foreign_writer_coalesces_by_setting_the_column() -> TestResult {
         1
     );
     assert_eq!(outbox.stats()?.coalesced, 1);
+    Ok(())
+}
+
+/// A writer replaces one key's value as fast as it commits while the relay drains under a pace,
+/// so values are replaced between the relay's read and its claim. A relay that publishes a row it
+/// failed to claim sends a replaced value: its number is then both delivered and announced.
+#[test]
+fn no_number_is_both_delivered_and_announced_while_values_race_the_relay() -> TestResult {
+    let broker = Broker::start()?;
+    let sub = Subscriber::start(broker.addr(), "race/#")?;
+    let (_dir, db) = temp_db()?;
+    let outbox = Outbox::open(&db)?;
+    let _relay = Relay::start(&outbox, relay_config(broker.addr(), "race").pace_messages(300))?;
+    for i in 0..2_000u64 {
+        outbox.transaction(|tx| {
+            tx.send(&reading_on("race", "a", i))?;
+            tx.send(&Message::new("race/b", "b", &i)?)
+        })?;
+    }
+    assert!(settled(&outbox), "the relay did not settle");
+    let (mut delivered, mut announced, mut values) = (BTreeSet::new(), BTreeSet::new(), Vec::new());
+    for m in sub.messages() {
+        match Published::decode(&m.payload)? {
+            Published::Message(env) => {
+                delivered.insert(env.seq);
+                if env.key == "a" {
+                    values.push(env.payload_as::<u64>()?);
+                }
+            }
+            Published::Gap(g) => announced.extend(g.first..=g.last),
+            other => return Err(format!("unexpected item {other:?}").into()),
+        }
+    }
+    let both: Vec<_> = delivered.intersection(&announced).take(10).collect();
+    assert!(both.is_empty(), "delivered and announced: {both:?}");
+    assert!(values.windows(2).all(|w| w[0] < w[1]), "a's values out of order");
+    assert_eq!(values.last(), Some(&1_999), "a's latest value");
+    assert_eq!(delivered.len() + announced.len(), 4_000);
+    Ok(())
+}
+
+/// At a storage limit, a new value of a sensor takes its predecessor's place: nothing else is
+/// evicted, and under `OnFull::Reject` it is not refused. A build that made room before the
+/// trigger freed the old value evicts another sensor's only value (or refuses the update).
+#[test]
+fn a_new_value_at_the_storage_limit_replaces_its_own_predecessor_only() -> TestResult {
+    use edge_outbox::{Limits, MessageClass, OnFull, Options};
+    for policy in [OnFull::EvictOldest, OnFull::Reject] {
+        let (_dir, db) = temp_db()?;
+        let limits = Limits::new()
+            .max_pending_messages(3)
+            .on_full(policy)
+            .class("coal/#", MessageClass::new().evictable(true).coalescing(true));
+        let outbox = Outbox::open_with(&db, Options::new().limits(limits))?;
+        outbox.transaction(|tx| {
+            for s in ["s1", "s2", "s3"] {
+                tx.publish(&format!("coal/{s}"), s, &1u64)?;
+            }
+            Ok::<_, edge_outbox::Error>(())
+        })?;
+        outbox.transaction(|tx| tx.publish("coal/s3", "s3", &2u64))?;
+        let stats = outbox.stats()?;
+        assert_eq!(
+            (stats.evicted, stats.coalesced, stats.pending_messages),
+            (0, 1, 3),
+            "{policy:?}: {stats}"
+        );
+    }
     Ok(())
 }

@@ -474,6 +474,23 @@ fn a_version_5_outbox_is_migrated_to_version_6_with_its_rows_in_lane_0() -> Test
     assert_eq!(outbox.stats()?.pending_messages, 4);
     assert_eq!(outbox.stats()?.coalesced, 1);
     assert_eq!(query_i64(&outbox, "SELECT max(seq) FROM outbox")?, 5);
+    // The same indexes and triggers as a file created by this build, and the same columns.
+    let (_fresh_dir, fresh_path) = temp_db()?;
+    let fresh = Outbox::open(&fresh_path)?;
+    let shape = |o: &Outbox| -> TestResult<Vec<(String, String)>> {
+        Ok(o.with_connection(|c| {
+            c.prepare(
+                "SELECT name, CASE type WHEN 'table' THEN
+                     (SELECT group_concat(name || ' ' || type || ' ' || \"notnull\" || ' ' || coalesce(dflt_value, ''), ', ')
+                      FROM pragma_table_info(m.name))
+                 ELSE sql END
+                 FROM sqlite_schema m WHERE name NOT LIKE 'sqlite_%' ORDER BY name",
+            )?
+            .query_map([], |r| Ok((r.get(0)?, r.get::<_, Option<String>>(1)?.unwrap_or_default())))?
+            .collect::<Result<Vec<_>, _>>()
+        })?)
+    };
+    assert_eq!(shape(&outbox)?, shape(&fresh)?);
     Ok(())
 }
 

@@ -636,6 +636,14 @@ impl Publisher {
             }
             let Some(live) = &mut s.live else { return };
             let Some((lane, row)) = s.ready.pop() else { return };
+            if row.expires_at.is_some_and(|t| t <= crate::time::now_ms()) {
+                // It expired while it waited here (a pace, a full window): never published late.
+                // The next read removes it and records its gap.
+                s.expired.push(row.seq);
+                s.at_end = false;
+                s.check_lanes = true;
+                continue;
+            }
             if let Err(until) = s.pacer.take(row.topic.len() + row.envelope.len(), Instant::now()) {
                 s.ready.put_back(lane, row);
                 s.paced_until = Some(until);
@@ -714,6 +722,8 @@ impl Publisher {
         let mut lane0_end = s.lane0_end;
         for lane in (0..LANES).rev() {
             if lane == 0 && !lane0 {
+                // Rows are still queued in lane 0, so it is not at its end.
+                lane0_end = false;
                 continue;
             }
             let sinks = Sinks {

@@ -375,7 +375,12 @@ fn insert(tx: &Transaction<'_>, limits: &Limits, row: &Row<'_>) -> Result<(Messa
         )));
     }
     if limits.is_bounded() {
-        make_room(tx, limits, row.payload.len() as u64)?;
+        make_room(
+            tx,
+            limits,
+            row.payload.len() as u64,
+            settled.coalescing.then_some(row),
+        )?;
     }
     let id = row.id.unwrap_or_else(MessageId::new_v7);
     if row.event_type.is_none()
@@ -414,8 +419,21 @@ fn insert(tx: &Transaction<'_>, limits: &Limits, row: &Row<'_>) -> Result<(Messa
     Ok((id, tx.last_insert_rowid()))
 }
 
-/// Makes the outbox able to take one more message of `size` bytes, evicting if allowed.
-fn make_room(tx: &Transaction<'_>, limits: &Limits, size: u64) -> Result<()> {
+/// How many messages, and payload bytes, a coalescing insert of `row` will replace (the
+/// `outbox_coalesce` trigger deletes them after the insert): room the limits must not evict for.
+fn replaceable(tx: &Transaction<'_>, row: &Row<'_>) -> Result<(u64, u64)> {
+    Ok(tx
+        .prepare_cached(
+            "SELECT count(*), coalesce(sum(length(CAST(payload AS BLOB))), 0) FROM outbox
+             WHERE topic = ?1 AND key = ?2 AND coalescing = 1 AND claimed IS NULL",
+        )?
+        .query_row(params![row.topic, row.key], |r| Ok((r.get(0)?, r.get(1)?)))?)
+}
+
+/// Makes the outbox able to take one more message of `size` bytes, evicting if allowed. A
+/// coalescing `row` gets the room its predecessors free (re-read after each eviction, which may
+/// have taken one of them).
+fn make_room(tx: &Transaction<'_>, limits: &Limits, size: u64, coalescing: Option<&Row<'_>>) -> Result<()> {
     if let Some(max) = limits.pending_bytes_limit().filter(|&max| size > max) {
         return Err(Error::StorageFull {
             limit: format!("a {size}-byte message is larger than the {max}-byte pending limit"),
@@ -428,6 +446,11 @@ fn make_room(tx: &Transaction<'_>, limits: &Limits, size: u64) -> Result<()> {
         let (count, bytes): (u64, u64) = tx
             .prepare_cached("SELECT pending_count, pending_bytes FROM outbox_counters")?
             .query_row([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let freed = match coalescing {
+            Some(row) => replaceable(tx, row)?,
+            None => (0, 0),
+        };
+        let (count, bytes) = (count.saturating_sub(freed.0), bytes.saturating_sub(freed.1));
         let full = match (limits.pending_messages_limit(), limits.pending_bytes_limit()) {
             (Some(max), _) if count >= max => format!("{max} pending messages"),
             (_, Some(max)) if bytes + size > max => format!("{max} pending bytes"),
