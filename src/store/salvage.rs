@@ -313,7 +313,7 @@ fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged) -> Result<
         }
     }
     epoch_after(tx, high, "salvaged")?;
-    // The evictions counted so far, best effort.
+    // The evictions and replacements counted so far, best effort.
     if let Ok((evicted, bytes)) =
         src.query_row("SELECT evicted, evicted_bytes FROM outbox_counters", [], |r| {
             Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?))
@@ -323,6 +323,11 @@ fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged) -> Result<
             "UPDATE main.outbox_counters SET evicted = ?1, evicted_bytes = ?2",
             [evicted, bytes],
         )?;
+    }
+    if let Ok(coalesced) = src.query_row("SELECT coalesced FROM outbox_counters", [], |r| {
+        r.get::<_, i64>(0)
+    }) {
+        tx.execute("UPDATE main.outbox_counters SET coalesced = ?1", [coalesced])?;
     }
     // The uptime clock carries on from where it was, so the sent rows and command ids copied with
     // their stamps are not younger on it than they are (best effort: read as 0 they are kept
