@@ -18,7 +18,19 @@ pub const MUTANTS: &[&str] = &[
     "double-apply",
     // Rows of a key are published out of commit order.
     "reorder",
+    // Coalescing rows are published without being claimed, so a newer value replaces one that is
+    // on the wire (it is delivered and announced coalesced).
+    "skip-claim",
 ];
+
+/// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);
+/// `None`: all of them run.
+pub fn scenarios_for(name: &str) -> Option<&'static str> {
+    match name {
+        "skip-claim" => Some("lanes"),
+        _ => None,
+    }
+}
 
 /// Whether the mutant `name` is switched on.
 #[cfg(feature = "mutants")]

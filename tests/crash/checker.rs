@@ -4,9 +4,11 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
+use edge_outbox::envelope::Published;
 use edge_outbox::{Envelope, MessageId};
 use rusqlite::{Connection, OpenFlags};
 
+use super::device::{COALESCING_KEY, EXPIRING_KEY};
 use super::support::Message;
 use super::writer::WRITER_BASE;
 
@@ -39,6 +41,9 @@ pub struct Verdict {
     pub lost_by_broker: usize,
     /// Committed orders whose message the device moved to the dead letters.
     pub dead_lettered: usize,
+    /// Committed orders not delivered and announced removed (coalesced or expired), where the
+    /// scenario allows it.
+    pub announced: usize,
     /// Messages delivered with no committed row behind them (a rolled-back transaction's, or one
     /// whose content differs from what committed).
     pub phantom: usize,
@@ -118,6 +123,7 @@ pub fn judge(
     delivered: &[Message],
     commands: &[SentCommand],
     returned: &HashSet<i64>,
+    announced_removals: bool,
 ) -> Verdict {
     let conn = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY).expect("open device db");
     let mut v = Verdict {
@@ -175,8 +181,18 @@ pub fn judge(
     let mut first_arrival: HashMap<String, Vec<i64>> = HashMap::new();
     let mut id_of: HashMap<i64, MessageId> = HashMap::new();
     let mut seen_ids = HashSet::new();
+    // Numbers announced removed, by cause, per epoch (a notice may come twice).
+    let mut removed: HashMap<String, HashSet<(u64, u64)>> = HashMap::new();
     for m in delivered.iter().filter(|m| m.topic.starts_with("orders/")) {
-        let env = Envelope::decode(&m.payload).expect("delivered envelope decodes");
+        let env = match Published::decode(&m.payload).expect("delivered item decodes") {
+            Published::Message(env) => env,
+            Published::Gap(g) => {
+                let numbers = removed.entry(g.cause.to_string()).or_default();
+                numbers.extend((g.first..=g.last).map(|seq| (g.epoch, seq)));
+                continue;
+            }
+            other => panic!("unexpected item on an order topic: {other:?}"),
+        };
         let order: Order = env.payload_as().expect("order payload");
         v.published += 1;
         if !committed.contains(&order) {
@@ -193,8 +209,25 @@ pub fn judge(
     }
     v.received = seen_ids.len();
     v.duplicates = v.published - v.received;
-    for (n, _, _) in &orders {
+    // Orders of the coalescing and expiring keys may be announced instead of delivered: exactly
+    // as many coalesced as are missing (a replaced value is never published), at least as many
+    // expired (one may expire in flight and still arrive), and the latest value always arrives.
+    let (mut coalesced_missing, mut expired_missing) = (0, 0);
+    let mut latest: HashMap<&str, i64> = HashMap::new();
+    for (n, key, _) in &orders {
+        let e = latest.entry(key.as_str()).or_insert(*n);
+        *e = (*e).max(*n);
+    }
+    for (n, key, _) in &orders {
         if !id_of.contains_key(n) {
+            if announced_removals && key == COALESCING_KEY && latest.get(key.as_str()) != Some(n) {
+                coalesced_missing += 1;
+                continue;
+            }
+            if announced_removals && key == EXPIRING_KEY {
+                expired_missing += 1;
+                continue;
+            }
             if dead.contains(n) {
                 v.dead_lettered += 1;
             } else if acked.contains(n) {
@@ -203,6 +236,22 @@ pub fn judge(
                 v.lost += 1;
             }
         }
+    }
+    let count = |cause: &str| removed.get(cause).map_or(0, HashSet::len);
+    if coalesced_missing != count("coalesced") {
+        v.notes.push(format!(
+            "{coalesced_missing} coalescing orders missing, {} announced coalesced",
+            count("coalesced")
+        ));
+    }
+    if expired_missing > count("expired") {
+        v.lost += expired_missing - count("expired");
+    }
+    v.announced = coalesced_missing + expired_missing.min(count("expired"));
+    if !announced_removals && !removed.is_empty() {
+        v.notes.push(format!(
+            "gap notices in a scenario that removes nothing: {removed:?}"
+        ));
     }
     v.out_of_order_keys = first_arrival
         .values()

@@ -26,10 +26,19 @@ impl DeviceEnv {
     pub const SYNC: &'static str = "CRASH_DEVICE_SYNC";
     /// Every n-th order attempt publishes and then rolls back (default 7; 0: never).
     pub const ROLLBACK_EVERY: &'static str = "CRASH_DEVICE_ROLLBACK_EVERY";
-    /// Set: orders go out in priority lanes (one priority per key), with a topic lifetime and a
-    /// pace on the relay (issue 13's options under the same kills).
+    /// Set: orders go out in priority lanes (one priority per key), [`COALESCING_KEY`]'s orders
+    /// coalesce, [`EXPIRING_KEY`]'s expire after [`LIFETIME`], and the relay is paced below the
+    /// load (issue 13's options under the same kills).
     pub const LANES: &'static str = "CRASH_DEVICE_LANES";
 }
+
+/// With [`DeviceEnv::LANES`]: the key whose orders are latest values (the older ones unpublished
+/// are replaced, and announced as `coalesced`).
+pub const COALESCING_KEY: &str = "k4";
+/// With [`DeviceEnv::LANES`]: the key whose orders expire (announced as `expired`).
+pub const EXPIRING_KEY: &str = "k3";
+/// Long enough for most orders, short enough that some wait longer while the device is down.
+pub const LIFETIME: Duration = Duration::from_millis(1500);
 
 /// Set (to the number of commands it must have applied by then) when the orchestrator asks this
 /// device to stop committing and drain what it has: after a scenario's faults, so the process
@@ -113,10 +122,10 @@ pub fn run() -> Result<(), Error> {
     let lanes = var(DeviceEnv::LANES).is_some();
     let mut config = RelayConfig::new(mqtt);
     if lanes {
-        // A lifetime no order outlives in a run, so nothing expires; a pace above the load.
+        // A pace below what the device commits, so a backlog builds (and coalesces and expires).
         config = config
-            .expire_after("orders/#", Duration::from_secs(3600))
-            .pace_messages(20_000);
+            .expire_after(format!("orders/{EXPIRING_KEY}"), LIFETIME)
+            .pace_messages(1_500);
     }
     let config = config
         .commands(COMMAND_FILTER)
@@ -183,7 +192,8 @@ pub fn run() -> Result<(), Error> {
             if lanes {
                 // One priority per key: the lanes keep each key's order.
                 let lane = (n % KEYS as i64 % 4) as u8;
-                let message = Message::new(format!("orders/{key}"), key.as_str(), &(n, &key, n * 10))?;
+                let message = Message::new(format!("orders/{key}"), key.as_str(), &(n, &key, n * 10))?
+                    .coalescing(key == COALESCING_KEY);
                 tx.send(&message.priority(lane))?;
             } else {
                 tx.publish(&format!("orders/{key}"), &key, &(n, &key, n * 10))?;

@@ -30,6 +30,9 @@ pub struct Lab {
     next_command: i64,
     /// The one loss a scenario may allow: what a killed broker had acknowledged and not delivered.
     pub allow_broker_loss: bool,
+    /// The device runs with [`super::device::DeviceEnv::LANES`]: orders of its coalescing and
+    /// expiring keys may be announced removed instead of delivered.
+    pub announced_removals: bool,
     /// Foreign writer processes started so far (their ids).
     writers: u32,
     /// Every order a device or writer said was committed (its commit returned), across restarts:
@@ -69,6 +72,7 @@ impl Lab {
             commands: Vec::new(),
             next_command: 1,
             allow_broker_loss: false,
+            announced_removals: false,
             writers: 0,
             returned: Arc::default(),
         }
@@ -247,6 +251,7 @@ impl Lab {
             &self.sub.messages(),
             &self.commands,
             &returned,
+            self.announced_removals,
         );
         verdict.faults = faults;
         verdict.allow_broker_loss = self.allow_broker_loss;

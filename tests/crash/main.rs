@@ -234,8 +234,13 @@ fn write_block(path: &std::path::Path, name: &str, block: &str) -> std::io::Resu
 fn summary(v: &Verdict) -> String {
     let problems = v.problems();
     if problems.is_empty() {
+        let announced = if v.announced > 0 {
+            format!(", {} announced removed", v.announced)
+        } else {
+            String::new()
+        };
         format!(
-            "ok ({} committed, {} duplicates, {} effects)",
+            "ok ({} committed, {} duplicates, {} effects{announced})",
             v.committed, v.duplicates, v.effects
         )
     } else {

@@ -60,7 +60,10 @@ pub struct Outcome {
 
 /// Runs this binary once per mutant, with `EDGE_OUTBOX_MUTANT` set.
 pub fn run_all() -> Vec<Outcome> {
-    MUTANTS.iter().map(|&m| run_one(m, None, true)).collect()
+    MUTANTS
+        .iter()
+        .map(|&m| run_one(m, edge_outbox::mutant::scenarios_for(m), true))
+        .collect()
 }
 
 /// Every mutant against every group of scenarios, each run on its own (`CRASH_MUTANT_MATRIX=1`):

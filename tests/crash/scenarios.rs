@@ -88,6 +88,7 @@ fn random_kills_with(kills: usize, rng: &mut Rng, lanes: bool) -> Verdict {
     let mut lab = Lab::new(Broker::start().expect("broker"), false, 1_000_000);
     if lanes {
         lab.env.push((DeviceEnv::LANES, "1".into()));
+        lab.announced_removals = true;
     }
     let mut device = lab.start(None);
     assert!(device.wait_line("ready", READY), "device never became ready");
