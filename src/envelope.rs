@@ -374,6 +374,35 @@ impl Published {
     pub fn decode(bytes: &[u8]) -> Result<Published> {
         decode_counting(bytes, &Cell::new(0))
     }
+
+    /// Decodes one publish into the items it carries, in order: one for an envelope or a gap
+    /// notice, every message of a batch (envelope version 3, compressed or not: see
+    /// [`RelayConfig::batch`](crate::RelayConfig::batch)). Each element of a batch is a
+    /// complete envelope with its own id and sequence number; feed them to a
+    /// [`Consumer`](crate::consumer::Consumer) one by one. Errors as [`Envelope::decode`], for
+    /// the batch and for any message in it.
+    ///
+    /// ```
+    /// use edge_outbox::{Envelope, MessageId, Published};
+    ///
+    /// let single = Envelope::command(MessageId::new_v7(), "pump-17", &21.5)?;
+    /// let items = Published::decode_all(&single.encode())?;
+    /// assert_eq!(items, vec![Published::Message(single)]);
+    /// # Ok::<(), edge_outbox::Error>(())
+    /// ```
+    pub fn decode_all(bytes: &[u8]) -> Result<Vec<Published>> {
+        match crate::batch_wire::unpack(bytes)? {
+            None => Ok(vec![Published::decode(bytes)?]),
+            Some(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| {
+                    Published::decode(item)
+                        .map_err(|e| Error::Decode(format!("message {i} of the batch: {}", why(&e))))
+                })
+                .collect(),
+        }
+    }
 }
 
 /// How many key comparisons [`Envelope::decode`] made on `bytes`: a measure of its work that
@@ -483,6 +512,13 @@ fn decode_counting(bytes: &[u8], comparisons: &Cell<u64>) -> Result<Published> {
             if epoch.is_none() {
                 return Err(Error::Decode("envelope version 2 has no epoch (\"ep\")".into()));
             }
+        }
+        Some(crate::batch_wire::BATCH_VERSION) => {
+            return Err(Error::Decode(
+                "this is a batch of messages (envelope version 3): unpack it with \
+                 Published::decode_all"
+                    .into(),
+            ));
         }
         Some(v) => {
             return Err(Error::Decode(format!(

@@ -28,6 +28,7 @@ use crossbeam_channel::{Receiver, select};
 use rumqttc::QoS;
 use rusqlite::Connection;
 
+use super::batch::{self, Front, Step};
 use super::durability::Barrier;
 use super::gaps;
 use super::marker::Marks;
@@ -106,6 +107,10 @@ struct State {
     resend_through: i64,
     /// The last read found no more rows; read again only when something may have changed.
     at_end: bool,
+    /// Batches in flight: their first row's number (the tracker's) to every row's.
+    batches: HashMap<Seq, Vec<Seq>>,
+    /// A partial batch waits for more rows: its first row, and until when.
+    linger: Option<(Seq, Instant)>,
     /// The last read failed; retry at the next idle tick.
     read_failed: bool,
     /// A failed read's error is in the status: clear it after the next successful read.
@@ -182,6 +187,8 @@ impl Publisher {
             highest_submitted: 0,
             resend_through: 0,
             at_end: false,
+            batches: HashMap::new(),
+            linger: None,
             read_failed: false,
             read_failed_error: false,
             durable_through: 0,
@@ -308,6 +315,7 @@ impl Publisher {
         // oldest row not yet acknowledged, once every acknowledged row is marked.
         self.marks.sync(&mut s.acked);
         s.tracker.reset();
+        s.batches.clear();
         s.ready.clear();
         s.cursor = if crate::mutant::active("skip-resume") {
             s.highest_submitted
@@ -382,10 +390,13 @@ impl Publisher {
         let Some((seq, written)) = s.tracker.on_puback_at(ack.pkid) else {
             return;
         };
+        // A batch is answered as a whole: every row in it shares the verdict.
+        let members = batch::members(&mut s.batches, seq);
+        let newest = members.last().copied().unwrap_or(seq);
         if s.suspect.as_ref().is_some_and(|x| x.seq == seq) {
             s.suspect = None;
         }
-        if s.probe_until.is_some_and(|until| seq >= until) {
+        if s.probe_until.is_some_and(|until| newest >= until) {
             s.probe_until = None;
             if let Some(live) = &mut s.live {
                 live.window = live.full_window;
@@ -399,9 +410,11 @@ impl Publisher {
             }
             Verdict::Accepted => {
                 crate::failpoint::hit("after-puback-before-mark");
-                s.acked.push(seq);
-                self.status
-                    .on_acked(s.tracker.in_flight(), written.map(|t| t.elapsed()));
+                for &row in &members {
+                    s.acked.push(row);
+                    self.status
+                        .on_acked(s.tracker.in_flight(), written.map(|t| t.elapsed()));
+                }
                 s.quota_backoff.reset();
                 if std::mem::take(&mut s.quota_error) {
                     self.status.clear_error(Source::Quota);
@@ -422,11 +435,11 @@ impl Publisher {
                 }
             }
             Verdict::Refused(reason) => {
-                tracing::warn!(seq, %reason, "the broker refused a message: moving it to the dead letters");
-                s.refused.push(Unpublishable {
+                tracing::warn!(seq, rows = members.len(), %reason, "the broker refused a message: moving it to the dead letters");
+                s.refused.extend(members.iter().map(|&seq| Unpublishable {
                     seq,
                     reason: format!("the broker refused it: PUBACK reason {reason}"),
-                });
+                }));
                 self.status.on_answered(s.tracker.in_flight());
                 if awaited {
                     self.renew(
@@ -486,6 +499,7 @@ impl Publisher {
         self.strike(s, &cause);
         s.live = None;
         s.tracker.reset();
+        s.batches.clear();
         s.ready.clear();
         // Retried on the next connection, whatever the wait was for.
         s.paused_until = None;
@@ -509,6 +523,13 @@ impl Publisher {
             return;
         }
         if threshold == 0 {
+            return;
+        }
+        if s.batches.contains_key(&seq) {
+            // A batch is no evidence against any one row in it: publish its rows one at a time
+            // on the next connection, where a bad one is found alone.
+            s.probe_until = newest_in_flight(s).max(s.probe_until);
+            tracing::debug!(%cause, "connection lost with a batch in flight: narrowing the window");
             return;
         }
         let (_, written) = s.tracker.oldest_on_wire().unwrap_or((seq, Instant::now()));
@@ -537,7 +558,7 @@ impl Publisher {
             // A whole window was on the wire: no telling which one. The next connection
             // publishes one at a time, which will.
             _ => {
-                s.probe_until = s.tracker.newest_in_flight().max(s.probe_until);
+                s.probe_until = newest_in_flight(s).max(s.probe_until);
                 tracing::debug!(on_wire = s.tracker.on_wire(), %cause, "connection lost with a window in flight: narrowing it");
                 return;
             }
@@ -593,24 +614,40 @@ impl Publisher {
             if s.tracker.in_flight() >= live.window {
                 return;
             }
-            if s.ready.is_empty() {
-                if s.at_end {
-                    return;
-                }
-                if let Err(e) = self.read_ahead(s) {
-                    // Transient (busy, I/O): try again at the next idle tick, not in a tight loop.
-                    tracing::warn!(error = %e, "could not read the outbox; retrying");
-                    self.status
-                        .set_error(Source::Reading, format!("reading the outbox: {e}"));
-                    s.ready.clear();
-                    s.at_end = true;
-                    s.read_failed = true;
-                    s.read_failed_error = true;
-                }
-                continue;
+            if s.ready.is_empty() && s.at_end {
+                return;
             }
+            let step = if self.config.batching.is_empty() {
+                if s.ready.is_empty() { Step::ReadMore } else { Step::Single }
+            } else {
+                let front = Front {
+                    rules: &self.config.batching,
+                    max_packet: live.max_packet,
+                    properties: self.properties(),
+                    at_end: s.at_end,
+                    probing: s.probe_until.is_some(),
+                    now: Instant::now(),
+                };
+                batch::next(&s.ready, &front, &mut s.linger)
+            };
+            let (row, members) = match step {
+                Step::ReadMore if s.at_end => return,
+                Step::ReadMore => {
+                    self.read_more(s);
+                    continue;
+                }
+                Step::Linger(_) => return,
+                Step::Single => match s.ready.pop_front() {
+                    Some(row) => (row, None),
+                    None => return,
+                },
+                Step::Batch(n, rule) => {
+                    let (row, members) = batch::take(&mut s.ready, n, &rule);
+                    (row, Some(members))
+                }
+            };
+            s.linger = None;
             let Some(live) = &mut s.live else { return };
-            let Some(row) = s.ready.pop_front() else { return };
             let alias = live.aliases.for_topic(&row.topic);
             match live
                 .client
@@ -622,11 +659,17 @@ impl Publisher {
                         self.status.on_published(s.tracker.in_flight(), false);
                         continue;
                     }
-                    self.status
-                        .on_published(s.tracker.in_flight(), row.seq <= s.resend_through);
-                    s.highest_submitted = s.highest_submitted.max(row.seq);
-                    if crate::mutant::active("mark-before-puback") {
-                        s.acked.push(row.seq);
+                    let rows = members.unwrap_or_else(|| vec![row.seq]);
+                    for &seq in &rows {
+                        self.status
+                            .on_published(s.tracker.in_flight(), seq <= s.resend_through);
+                        s.highest_submitted = s.highest_submitted.max(seq);
+                        if crate::mutant::active("mark-before-puback") {
+                            s.acked.push(seq);
+                        }
+                    }
+                    if rows.len() > 1 {
+                        s.batches.insert(row.seq, rows);
                     }
                 }
                 Err(_) => {
@@ -641,6 +684,27 @@ impl Publisher {
         }
     }
 
+    fn read_more(&mut self, s: &mut State) {
+        if let Err(e) = self.read_ahead(s) {
+            // Transient (busy, I/O): try again at the next idle tick, not in a tight loop.
+            tracing::warn!(error = %e, "could not read the outbox; retrying");
+            self.status
+                .set_error(Source::Reading, format!("reading the outbox: {e}"));
+            s.ready.clear();
+            s.at_end = true;
+            s.read_failed = true;
+            s.read_failed_error = true;
+        }
+    }
+
+    /// Bytes of MQTT properties a publish may carry on this connection.
+    fn properties(&self) -> usize {
+        match self.config.mqtt.version() {
+            Protocol::V5 => V5_PROPERTIES,
+            Protocol::V311 => 0,
+        }
+    }
+
     fn read_ahead(&mut self, s: &mut State) -> Result<()> {
         let Some(live) = &s.live else { return Ok(()) };
         // Each read is a transaction with its locks and a statement run: read a few windows'
@@ -652,10 +716,7 @@ impl Publisher {
             epochs: &s.epochs,
             max_packet: live.max_packet,
             limit_owner: live.limit_owner,
-            properties: match self.config.mqtt.version() {
-                Protocol::V5 => V5_PROPERTIES,
-                Protocol::V311 => 0,
-            },
+            properties: self.properties(),
             allow_dollar: self.options.limits.dollar_topics_allowed(),
         };
         let mut notices = VecDeque::new();
@@ -845,6 +906,14 @@ impl Publisher {
         if let Some((until, _)) = &s.paused_until {
             next = next.min(*until);
         }
+        // A lingering batch, while it could be published.
+        if let Some((_, until)) = s.linger
+            && s.stopping.is_none()
+            && s.paused_until.is_none()
+            && s.live.as_ref().is_some_and(|l| s.tracker.in_flight() < l.window)
+        {
+            next = next.min(until);
+        }
         next.min(s.uptime.due())
     }
 
@@ -862,6 +931,12 @@ impl Publisher {
             Err(e) => tracing::warn!(error = %e, "could not poll the database for changes"),
         }
     }
+}
+
+/// The newest row handed to rumqttc and not yet acknowledged, the rows of batches included.
+fn newest_in_flight(s: &State) -> Option<Seq> {
+    let batched = s.batches.values().filter_map(|rows| rows.last().copied()).max();
+    s.tracker.newest_in_flight().max(batched)
 }
 
 /// Moves the held gap notices whose range starts below outbox row `below` to the end of `ready`.
