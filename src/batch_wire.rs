@@ -147,7 +147,10 @@ mod tests {
         }
         let packed = write_batch(items.iter().map(Vec::as_slice), total, Compression::Zlib);
         let plain = write_batch(items.iter().map(Vec::as_slice), total, Compression::None);
-        assert!(packed.len() < plain.len(), "compression shrinks repetitive envelopes");
+        assert!(
+            packed.len() < plain.len(),
+            "compression shrinks repetitive envelopes"
+        );
     }
 
     #[test]

@@ -200,7 +200,10 @@ impl<'a> Reader<'a> {
     pub(crate) fn array_len(&mut self) -> Result<usize> {
         let head = self.head()?;
         if head.major != ARRAY {
-            return Err(malformed(format!("expected an array, found {}", kind(head.major))));
+            return Err(malformed(format!(
+                "expected an array, found {}",
+                kind(head.major)
+            )));
         }
         // Each item takes at least one byte, which bounds a hostile length.
         self.length(head, "array")

@@ -65,7 +65,13 @@ pub(crate) fn next(ready: &VecDeque<Ready>, f: &Front<'_>, linger: &mut Option<(
         bytes += row.envelope.len();
         n += 1;
     }
-    let send = |n: usize| if n < 2 { Step::Single } else { Step::Batch(n, *rule) };
+    let send = |n: usize| {
+        if n < 2 {
+            Step::Single
+        } else {
+            Step::Batch(n, *rule)
+        }
+    };
     if closed {
         return send(n);
     }
@@ -92,7 +98,11 @@ pub(crate) fn next(ready: &VecDeque<Ready>, f: &Front<'_>, linger: &mut Option<(
 pub(crate) fn take(ready: &mut VecDeque<Ready>, n: usize, rule: &Batching) -> (Ready, Vec<Seq>) {
     let rows: Vec<Ready> = ready.drain(..n.min(ready.len())).collect();
     let bytes = rows.iter().map(|r| r.envelope.len()).sum();
-    let envelope = batch_wire::write_batch(rows.iter().map(|r| r.envelope.as_slice()), bytes, rule.compression);
+    let envelope = batch_wire::write_batch(
+        rows.iter().map(|r| r.envelope.as_slice()),
+        bytes,
+        rule.compression,
+    );
     let seqs = rows.iter().map(|r| r.seq).collect();
     let (seq, topic) = rows
         .into_iter()
@@ -146,14 +156,26 @@ mod tests {
         let now = Instant::now();
         let mut linger = None;
         let q: VecDeque<Ready> = [row(1, "t/a"), row(2, "t/a"), row(3, "u"), row(4, "t/a")].into();
-        assert!(matches!(next(&q, &front(&rules, false, false, now), &mut linger), Step::Batch(2, _)));
+        assert!(matches!(
+            next(&q, &front(&rules, false, false, now), &mut linger),
+            Step::Batch(2, _)
+        ));
         // Bounded by bytes: three of 100 fit in 350, not four.
         let q: VecDeque<Ready> = (1..=5).map(|s| row(s, "t/a")).collect();
-        assert!(matches!(next(&q, &front(&rules, false, false, now), &mut linger), Step::Batch(3, _)));
+        assert!(matches!(
+            next(&q, &front(&rules, false, false, now), &mut linger),
+            Step::Batch(3, _)
+        ));
         // Probing, or a topic without a rule: alone.
-        assert_eq!(next(&q, &front(&rules, false, true, now), &mut linger), Step::Single);
+        assert_eq!(
+            next(&q, &front(&rules, false, true, now), &mut linger),
+            Step::Single
+        );
         let q: VecDeque<Ready> = [row(1, "u"), row(2, "u")].into();
-        assert_eq!(next(&q, &front(&rules, false, false, now), &mut linger), Step::Single);
+        assert_eq!(
+            next(&q, &front(&rules, false, false, now), &mut linger),
+            Step::Single
+        );
     }
 
     #[test]
@@ -162,13 +184,25 @@ mod tests {
         let now = Instant::now();
         let mut linger = None;
         let q: VecDeque<Ready> = [row(1, "t"), row(2, "t")].into();
-        assert_eq!(next(&q, &front(&rules, false, false, now), &mut linger), Step::ReadMore);
+        assert_eq!(
+            next(&q, &front(&rules, false, false, now), &mut linger),
+            Step::ReadMore
+        );
         let until = now + Duration::from_millis(50);
-        assert_eq!(next(&q, &front(&rules, true, false, now), &mut linger), Step::Linger(until));
+        assert_eq!(
+            next(&q, &front(&rules, true, false, now), &mut linger),
+            Step::Linger(until)
+        );
         // The deadline stays the one set when this front row was first seen.
         let later = now + Duration::from_millis(20);
-        assert_eq!(next(&q, &front(&rules, true, false, later), &mut linger), Step::Linger(until));
-        assert!(matches!(next(&q, &front(&rules, true, false, until), &mut linger), Step::Batch(2, _)));
+        assert_eq!(
+            next(&q, &front(&rules, true, false, later), &mut linger),
+            Step::Linger(until)
+        );
+        assert!(matches!(
+            next(&q, &front(&rules, true, false, until), &mut linger),
+            Step::Batch(2, _)
+        ));
     }
 
     #[test]

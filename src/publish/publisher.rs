@@ -618,7 +618,11 @@ impl Publisher {
                 return;
             }
             let step = if self.config.batching.is_empty() {
-                if s.ready.is_empty() { Step::ReadMore } else { Step::Single }
+                if s.ready.is_empty() {
+                    Step::ReadMore
+                } else {
+                    Step::Single
+                }
             } else {
                 let front = Front {
                     rules: &self.config.batching,
