@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use edge_outbox::{Envelope, MessageId};
+use edge_outbox::{Envelope, MessageId, Published};
 use rusqlite::{Connection, OpenFlags};
 
 use super::support::Message;
@@ -175,8 +175,15 @@ pub fn judge(
     let mut first_arrival: HashMap<String, Vec<i64>> = HashMap::new();
     let mut id_of: HashMap<i64, MessageId> = HashMap::new();
     let mut seen_ids = HashSet::new();
-    for m in delivered.iter().filter(|m| m.topic.starts_with("orders/")) {
-        let env = Envelope::decode(&m.payload).expect("delivered envelope decodes");
+    let envelopes = delivered
+        .iter()
+        .filter(|m| m.topic.starts_with("orders/"))
+        .flat_map(|m| Published::decode_all(&m.payload).expect("delivered envelope decodes"))
+        .filter_map(|item| match item {
+            Published::Message(env) => Some(env),
+            _ => None,
+        });
+    for env in envelopes {
         let order: Order = env.payload_as().expect("order payload");
         v.published += 1;
         if !committed.contains(&order) {

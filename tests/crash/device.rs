@@ -8,7 +8,9 @@
 use std::io::Write;
 use std::time::Duration;
 
-use edge_outbox::{Error, MqttConfig, Options, Outbox, Relay, RelayConfig, Status, Synchronous};
+use edge_outbox::{
+    Batching, Compression, Error, MqttConfig, Options, Outbox, Relay, RelayConfig, Status, Synchronous,
+};
 
 /// How the orchestrator configures a device run (environment variables, so a restart is the same
 /// command line).
@@ -26,6 +28,9 @@ impl DeviceEnv {
     pub const SYNC: &'static str = "CRASH_DEVICE_SYNC";
     /// Every n-th order attempt publishes and then rolls back (default 7; 0: never).
     pub const ROLLBACK_EVERY: &'static str = "CRASH_DEVICE_ROLLBACK_EVERY";
+    /// Set: every order goes on one topic, `orders/batched`, which the relay batches (with
+    /// zlib and a short linger), so that batches form whatever the key.
+    pub const BATCH: &'static str = "CRASH_DEVICE_BATCH";
 }
 
 /// Set (to the number of commands it must have applied by then) when the orchestrator asks this
@@ -107,10 +112,27 @@ pub fn run() -> Result<(), Error> {
         .client_id(CLIENT_ID)
         .keep_alive(Duration::from_secs(5))
         .connect_timeout(Duration::from_secs(2));
-    let config = RelayConfig::new(mqtt)
+    let mut config = RelayConfig::new(mqtt)
         .commands(COMMAND_FILTER)
         .commands_client_id(COMMAND_CLIENT_ID)
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(300));
+    let batched = var(DeviceEnv::BATCH).is_some();
+    if batched {
+        config = config.batch(
+            "orders/#",
+            Batching::new()
+                .max_bytes(2048)
+                .linger(Duration::from_millis(20))
+                .compression(Compression::Zlib),
+        );
+    }
+    let topic = |key: &str| {
+        if batched {
+            "orders/batched".to_owned()
+        } else {
+            format!("orders/{key}")
+        }
+    };
     let relay = Relay::start_with_handler(&outbox, config, |tx, cmd| {
         let amount: i64 = cmd.payload_as()?;
         tx.execute("INSERT OR IGNORE INTO accounts VALUES (?1, 0)", [&cmd.key])?;
@@ -154,7 +176,7 @@ pub fn run() -> Result<(), Error> {
             // ever be seen.
             let declined = outbox.transaction(|tx| {
                 tx.execute("INSERT INTO orders VALUES (?1, ?2, ?3)", (n, &key, ROLLED_BACK))?;
-                tx.publish(&format!("orders/{key}"), &key, &(n, &key, ROLLED_BACK))?;
+                tx.publish(&topic(&key), &key, &(n, &key, ROLLED_BACK))?;
                 Err::<(), _>(Error::InvalidConfig("declined".into()))
             });
             match declined {
@@ -169,7 +191,7 @@ pub fn run() -> Result<(), Error> {
         }
         let result = outbox.transaction(|tx| {
             tx.execute("INSERT INTO orders VALUES (?1, ?2, ?3)", (n, &key, n * 10))?;
-            tx.publish(&format!("orders/{key}"), &key, &(n, &key, n * 10))?;
+            tx.publish(&topic(&key), &key, &(n, &key, n * 10))?;
             Ok::<_, Error>(())
         });
         match result {

@@ -102,6 +102,9 @@ fn main() {
     }
     run("proxy_chaos", &mut scenarios::proxy_chaos);
     run("random_kills", &mut |rng| scenarios::random_kills(kills, rng));
+    run("random_kills_batched", &mut |rng| {
+        scenarios::random_kills_batched(kills / 2, rng)
+    });
     run("foreign_writers", &mut |rng| {
         scenarios::foreign_writers(kills / 5, rng)
     });
