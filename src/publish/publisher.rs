@@ -910,8 +910,10 @@ impl Publisher {
         if let Some((until, _)) = &s.paused_until {
             next = next.min(*until);
         }
-        // A lingering batch, while it could be published.
-        if let Some((_, until)) = s.linger
+        // A lingering batch, while its first row is still next and it could be published (a
+        // stale deadline would wake the loop at once, again and again).
+        if let Some((seq, until)) = s.linger
+            && s.ready.front().is_some_and(|r| r.seq == seq)
             && s.stopping.is_none()
             && s.paused_until.is_none()
             && s.live.as_ref().is_some_and(|l| s.tracker.in_flight() < l.window)
