@@ -525,13 +525,6 @@ impl Publisher {
         if threshold == 0 {
             return;
         }
-        if s.batches.contains_key(&seq) {
-            // A batch is no evidence against any one row in it: publish its rows one at a time
-            // on the next connection, where a bad one is found alone.
-            s.probe_until = newest_in_flight(s).max(s.probe_until);
-            tracing::debug!(%cause, "connection lost with a batch in flight: narrowing the window");
-            return;
-        }
         let (_, written) = s.tracker.oldest_on_wire().unwrap_or((seq, Instant::now()));
         let acked_since = s
             .live
@@ -563,6 +556,13 @@ impl Publisher {
                 return;
             }
         };
+        if let Some(rows) = s.batches.get(&seq) {
+            // Evidence against a batch is none against any one row in it: publish its rows one
+            // at a time on the next connection, where a bad one is found alone.
+            s.probe_until = rows.last().copied().max(s.probe_until);
+            tracing::debug!(%cause, strikes, "the connection ended over a batch: publishing its rows one at a time");
+            return;
+        }
         let suspect = match &mut s.suspect {
             Some(x) if x.seq == seq => {
                 x.strikes += strikes;
