@@ -917,6 +917,30 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_is_refused_by_decode_and_unpacked_by_decode_all() {
+        let (a, mut b) = (sample(), sample());
+        b.seq = 43;
+        let (ea, eb) = (a.encode(), b.encode());
+        for compression in [crate::Compression::None, crate::Compression::Zlib] {
+            let batch = crate::batch_wire::write_batch(
+                [ea.as_slice(), eb.as_slice()].into_iter(),
+                ea.len() + eb.len(),
+                compression,
+            );
+            let err = Envelope::decode(&batch).expect_err("a batch is no single envelope");
+            assert!(err.to_string().contains("decode_all"), "{err}");
+            assert_eq!(
+                Published::decode_all(&batch).expect("unpacks"),
+                vec![Published::Message(a.clone()), Published::Message(b.clone())]
+            );
+        }
+        assert_eq!(
+            Published::decode_all(&ea).expect("one envelope"),
+            vec![Published::Message(a)]
+        );
+    }
+
+    #[test]
     fn id_text_form_round_trips() {
         let id = MessageId::new_v7();
         assert_eq!(id.to_string().parse::<MessageId>().expect("parse"), id);
