@@ -44,9 +44,22 @@ const READY: Duration = Duration::from_secs(30);
 /// Arms one failpoint, lets the device crash there, restarts it and checks. With `keep_sent`,
 /// acknowledged rows are kept (moved to `outbox_sent`) instead of deleted.
 pub fn failpoint(name: &str, nth: u32, keep_sent: bool) -> Verdict {
+    failpoint_with(name, nth, keep_sent, false)
+}
+
+/// As [`failpoint`], with every order on one batched topic (`DeviceEnv::BATCH`): the crash falls
+/// between a batch's PUBACK and the marking of its rows, or inside that marking.
+pub fn failpoint_batched(name: &str, nth: u32) -> Verdict {
+    failpoint_with(name, nth, false, true)
+}
+
+fn failpoint_with(name: &str, nth: u32, keep_sent: bool, batched: bool) -> Verdict {
     let mut lab = Lab::new(Broker::start().expect("broker"), false, 400);
     if keep_sent {
         lab.env.push((DeviceEnv::KEEP_SENT, "1".into()));
+    }
+    if batched {
+        lab.env.push((DeviceEnv::BATCH, "1".into()));
     }
     // The device must not finish before the commands it is about to be sent arrive: the command
     // failpoints are hit while applying them.
@@ -66,7 +79,8 @@ pub fn failpoint(name: &str, nth: u32, keep_sent: bool) -> Verdict {
     lab.send_commands(2);
     lab.env.retain(|(k, _)| *k != DeviceEnv::COMMANDS);
     let retention = if keep_sent { "kept" } else { "deleted" };
-    lab.finish(&format!("failpoint {name} (sent {retention})"), 1)
+    let batches = if batched { ", batched" } else { "" };
+    lab.finish(&format!("failpoint {name} (sent {retention}{batches})"), 1)
 }
 
 fn libc_sigabrt() -> i32 {
