@@ -515,8 +515,8 @@ fn decode_counting(bytes: &[u8], comparisons: &Cell<u64>) -> Result<Published> {
         }
         Some(crate::batch_wire::BATCH_VERSION) => {
             return Err(Error::Decode(
-                "this is a batch of messages (envelope version 3): unpack it with \
-                 Published::decode_all"
+                "envelope version 3 is not supported here: it is a batch of messages, which \
+                 Published::decode_all unpacks"
                     .into(),
             ));
         }
