@@ -196,6 +196,19 @@ impl<'a> Reader<'a> {
             .ok_or_else(|| malformed(format!("map of {n} pairs exceeds the input")))
     }
 
+    /// Reads an array head and returns its number of items (definite lengths only).
+    pub(crate) fn array_len(&mut self) -> Result<usize> {
+        let head = self.head()?;
+        if head.major != ARRAY {
+            return Err(malformed(format!(
+                "expected an array, found {}",
+                kind(head.major)
+            )));
+        }
+        // Each item takes at least one byte, which bounds a hostile length.
+        self.length(head, "array")
+    }
+
     /// Skips one well-formed item and returns the bytes it spanned.
     pub(crate) fn item(&mut self) -> Result<&'a [u8]> {
         let start = self.pos;

@@ -380,6 +380,35 @@ impl Published {
     pub fn decode(bytes: &[u8]) -> Result<Published> {
         decode_counting(bytes, &Cell::new(0))
     }
+
+    /// Decodes one publish into the items it carries, in order: one for an envelope or a gap
+    /// notice, every message of a batch (envelope version 3, compressed or not: see
+    /// [`RelayConfig::batch`](crate::RelayConfig::batch)). Each element of a batch is a
+    /// complete envelope with its own id and sequence number; feed them to a
+    /// [`Consumer`](crate::consumer::Consumer) one by one. Errors as [`Envelope::decode`], for
+    /// the batch and for any message in it.
+    ///
+    /// ```
+    /// use edge_outbox::{Envelope, MessageId, Published};
+    ///
+    /// let single = Envelope::command(MessageId::new_v7(), "pump-17", &21.5)?;
+    /// let items = Published::decode_all(&single.encode())?;
+    /// assert_eq!(items, vec![Published::Message(single)]);
+    /// # Ok::<(), edge_outbox::Error>(())
+    /// ```
+    pub fn decode_all(bytes: &[u8]) -> Result<Vec<Published>> {
+        match crate::batch_wire::unpack(bytes)? {
+            None => Ok(vec![Published::decode(bytes)?]),
+            Some(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| {
+                    Published::decode(item)
+                        .map_err(|e| Error::Decode(format!("message {i} of the batch: {}", why(&e))))
+                })
+                .collect(),
+        }
+    }
 }
 
 /// How many key comparisons [`Envelope::decode`] made on `bytes`: a measure of its work that
@@ -489,6 +518,13 @@ fn decode_counting(bytes: &[u8], comparisons: &Cell<u64>) -> Result<Published> {
             if epoch.is_none() {
                 return Err(Error::Decode("envelope version 2 has no epoch (\"ep\")".into()));
             }
+        }
+        Some(crate::batch_wire::BATCH_VERSION) => {
+            return Err(Error::Decode(
+                "envelope version 3 is not supported here: it is a batch of messages, which \
+                 Published::decode_all unpacks"
+                    .into(),
+            ));
         }
         Some(v) => {
             return Err(Error::Decode(format!(
@@ -883,6 +919,30 @@ mod tests {
         assert_eq!(
             Published::decode(&message.encode()).expect("message"),
             Published::Message(message)
+        );
+    }
+
+    #[test]
+    fn a_batch_is_refused_by_decode_and_unpacked_by_decode_all() {
+        let (a, mut b) = (sample(), sample());
+        b.seq = 43;
+        let (ea, eb) = (a.encode(), b.encode());
+        for compression in [crate::Compression::None, crate::Compression::Zlib] {
+            let batch = crate::batch_wire::write_batch(
+                [ea.as_slice(), eb.as_slice()].into_iter(),
+                ea.len() + eb.len(),
+                compression,
+            );
+            let err = Envelope::decode(&batch).expect_err("a batch is no single envelope");
+            assert!(err.to_string().contains("decode_all"), "{err}");
+            assert_eq!(
+                Published::decode_all(&batch).expect("unpacks"),
+                vec![Published::Message(a.clone()), Published::Message(b.clone())]
+            );
+        }
+        assert_eq!(
+            Published::decode_all(&ea).expect("one envelope"),
+            vec![Published::Message(a)]
         );
     }
 

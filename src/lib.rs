@@ -109,6 +109,8 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+mod batch_wire;
+mod batching;
 mod cbor;
 mod commands;
 pub mod consumer;
@@ -136,6 +138,8 @@ mod topic;
 /// (`edge_outbox::rusqlite::params!`, `edge_outbox::rusqlite::Error`) and they always match.
 pub use rusqlite;
 
+pub use batch_wire::BATCH_VERSION;
+pub use batching::{Batching, Compression, MAX_BATCH_BYTES};
 pub use commands::send_command;
 pub use envelope::{Envelope, GapCause, GapNotice, MessageId, Published};
 pub use error::{Error, Result};

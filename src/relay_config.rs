@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::batching::Batching;
 use crate::error::{Error, Result};
 use crate::mqtt::MqttConfig;
 use crate::topic::validate_filter;
@@ -30,6 +31,7 @@ pub(crate) const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// | [`status_file`](Self::status_file) | false |
 /// | `metrics_file` (feature `metrics`) | none |
 /// | [`integrity_check_interval`](Self::integrity_check_interval) | 1 h |
+/// | [`batch`](Self::batch) | none: one message per publish |
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a builder: use the value it returns"]
 pub struct RelayConfig {
@@ -54,6 +56,8 @@ pub struct RelayConfig {
     /// Default lifetimes by topic filter, first match wins.
     pub(crate) ttl: Vec<(String, Duration)>,
     pub(crate) pace: crate::publish::pacing::Rates,
+    /// Topic filters whose messages are batched, in the order given (the first match applies).
+    pub(crate) batching: Vec<(String, Batching)>,
 }
 
 impl RelayConfig {
@@ -80,6 +84,7 @@ impl RelayConfig {
             integrity_interval: Duration::from_secs(3600),
             ttl: Vec::new(),
             pace: crate::publish::pacing::Rates::default(),
+            batching: Vec::new(),
         }
     }
 
@@ -268,6 +273,33 @@ impl RelayConfig {
         self
     }
 
+    /// Batch the messages whose topic matches `filter` (MQTT wildcards `+` and `#`): consecutive
+    /// messages of one topic go out as one QoS 1 publish of up to
+    /// [`Batching::max_bytes`], each still a complete envelope with its own id, sequence number
+    /// and key (the wire form, envelope version 3, is in `docs/wire-format.md`; consumers unpack
+    /// it with [`Published::decode_all`](crate::Published::decode_all)). The batch is
+    /// acknowledged, marked, refused (every message dead-lettered with the reason) and published
+    /// again after a reconnect as a whole. Called again, the first filter that matches a topic
+    /// applies.
+    ///
+    /// Order: a batch holds only messages that are next to each other in commit order, so
+    /// publishes leave in commit order exactly as without batching (a message of another topic
+    /// in between ends the batch). After a connection died with messages in flight, the relay
+    /// publishes one message at a time (see [`poison_disconnects`](Self::poison_disconnects)),
+    /// batches included, so one bad message is still isolated alone.
+    ///
+    /// ```
+    /// use edge_outbox::{Batching, Compression, MqttConfig, RelayConfig};
+    ///
+    /// let config = RelayConfig::new(MqttConfig::new("broker.local", 1883).client_id("pump-17"))
+    ///     .batch("sensors/+/readings", Batching::new().compression(Compression::Zlib));
+    /// # let _ = config;
+    /// ```
+    pub fn batch(mut self, filter: impl Into<String>, batching: Batching) -> Self {
+        self.batching.push((filter.into(), batching));
+        self
+    }
+
     /// The command session's client id.
     pub fn commands_client_id(mut self, id: impl Into<String>) -> Self {
         self.commands_client_id = Some(id.into());
@@ -306,6 +338,10 @@ impl RelayConfig {
             return Err(Error::InvalidConfig(
                 "a pace of 0 would never publish: pace_messages and pace_bytes must be at least 1".into(),
             ));
+        }
+        for (filter, batching) in &self.batching {
+            validate_filter(filter)?;
+            batching.validate()?;
         }
         if self.max_command_bytes == 0 {
             return Err(Error::InvalidConfig(

@@ -600,6 +600,57 @@ fn wait_status(db: &Path, relay: &RelayProcess, mut done: impl FnMut(&Value) -> 
     }
 }
 
+/// `relay --batch FILTER --batch-zlib`: a backlog of one topic goes out as one compressed batch
+/// that unpacks to every message in commit order (without the options: one publish each).
+#[test]
+fn relay_batch_options_publish_a_compressed_batch() -> TestResult {
+    let broker = Broker::start()?;
+    let sub = Subscriber::start(broker.addr(), "sensors/#")?;
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("device.db");
+    let outbox = Outbox::open(&db)?;
+    let ids = outbox
+        .transaction(|tx| {
+            (0..20u64)
+                .map(|i| tx.publish("sensors/hall", "t", &("reading", i)))
+                .collect::<Result<Vec<_>, _>>()
+        })?
+        .value;
+    let mut relay = RelayProcess::spawn(
+        &db,
+        &broker,
+        "cli-batch",
+        &["--batch", "sensors/#", "--batch-zlib", "--batch-linger-ms", "0"],
+    )?;
+    let status = wait_status(&db, &relay, |s| s["relay"]["status"]["acknowledged"] == 20);
+    assert_eq!(status["pending"]["messages"], 0);
+    let payloads = sub.payloads();
+    assert_eq!(
+        payloads.len(),
+        1,
+        "one publish: {:?}\nrelay log: {}",
+        sub.messages(),
+        relay.log()
+    );
+    let raw: ciborium::Value = ciborium::from_reader(&payloads[0][..])?;
+    assert!(
+        raw.as_map()
+            .is_some_and(|m| m.iter().any(|(k, _)| k.as_text() == Some("zlib"))),
+        "compressed"
+    );
+    let got: Vec<MessageId> = edge_outbox::Published::decode_all(&payloads[0])?
+        .into_iter()
+        .filter_map(|item| match item {
+            edge_outbox::Published::Message(e) => Some(e.id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(got, ids, "every message once, in commit order");
+    relay.signal("TERM")?;
+    assert_eq!(relay.wait(WAIT)?, Some(0), "relay log: {}", relay.log());
+    Ok(())
+}
+
 #[test]
 fn relay_publishes_receives_commands_refuses_a_second_and_stops_on_sigterm() -> TestResult {
     let broker = Broker::start()?;

@@ -265,3 +265,63 @@ fn the_documented_gap_notice_is_exact() -> TestResult {
     assert_eq!(Published::decode(&documented)?, Published::Gap(notice));
     Ok(())
 }
+
+/// Python (cbor2 and the standard library's zlib, nothing else) unpacks batches as a relay
+/// publishes them through a real broker, plain and compressed: every message with its own id,
+/// sequence number and key, in commit order.
+#[test]
+#[cfg_attr(
+    eo_skip_python,
+    ignore = "needs python3: none on PATH, or EDGE_OUTBOX_SKIP=python (the build warning says which)"
+)]
+fn python_decodes_batches_the_relay_publishes() -> TestResult {
+    use edge_outbox::{Batching, Compression, Relay};
+    use support::device::{open_device, relay_config, wait_drained};
+    use support::{Broker, Subscriber, WAIT};
+
+    let broker = Broker::start()?;
+    for compression in [Compression::None, Compression::Zlib] {
+        let topic = format!("sensors/{compression:?}");
+        let sub = Subscriber::start(broker.addr(), &topic)?;
+        let dir = tempfile::tempdir()?;
+        let outbox = open_device(dir.path());
+        let ids = outbox
+            .transaction(|tx| {
+                (0..5u32)
+                    .map(|i| tx.publish(&topic, &format!("k{}", i % 2), &(i, 21.5 + f64::from(i))))
+                    .collect::<edge_outbox::Result<Vec<_>>>()
+            })?
+            .value;
+        let config = relay_config(broker.addr(), "py-batch").batch(
+            "sensors/#",
+            Batching::new()
+                .compression(compression)
+                .linger(std::time::Duration::ZERO),
+        );
+        let relay = Relay::start(&outbox, config)?;
+        assert!(sub.wait_for(1, WAIT), "{compression:?}: the batch arrives");
+        assert!(wait_drained(&outbox, WAIT));
+        relay.shutdown()?;
+        let payloads = sub.payloads();
+        assert_eq!(payloads.len(), 1, "{compression:?}: one publish");
+        let out = run_script("tests/python/wire_decode.py", &[&to_hex(&payloads[0])])?;
+        let lines: Vec<&str> = out.lines().collect();
+        let how = if compression == Compression::Zlib {
+            "zlib"
+        } else {
+            "plain"
+        };
+        assert_eq!(lines[0], format!("batch 5 {how}"));
+        let blocks: Vec<&[&str]> = lines[1..].split(|l| *l == "--").skip(1).collect();
+        assert_eq!(blocks.len(), 5);
+        for (i, block) in blocks.iter().enumerate() {
+            assert_eq!(block[0], "keys v,id,src,ep,seq,key,ts,p");
+            assert_eq!(block[2], format!("id {}", to_hex(ids[i].as_bytes())));
+            assert_eq!(block[5], format!("seq {}", i + 1));
+            assert_eq!(block[6], format!("key k{}", i % 2));
+            assert_eq!(block[10], format!("p [{i},{}]", 21.5 + i as f64));
+        }
+        sub.stop();
+    }
+    Ok(())
+}

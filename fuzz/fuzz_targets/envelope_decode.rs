@@ -1,8 +1,9 @@
-//! Any bytes: decoding an envelope returns a value or an error, never panics or hangs, and what
-//! decodes re-encodes to something that decodes to the same envelope.
+//! Any bytes: decoding an envelope (or unpacking a batch, plain or zlib) returns a value or an
+//! error, never panics or hangs, and what decodes re-encodes to something that decodes to the
+//! same envelope.
 #![no_main]
 
-use edge_outbox::Envelope;
+use edge_outbox::{Envelope, Published};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -12,5 +13,12 @@ fuzz_target!(|data: &[u8]| {
         // Payload decoding through serde: any CBOR value, and a typed one.
         let _ = env.payload_as::<ciborium::Value>();
         let _ = env.payload_as::<(String, u64)>();
+    }
+    if let Ok(items) = Published::decode_all(data) {
+        for item in items {
+            if let Published::Message(env) = item {
+                assert_eq!(Envelope::decode(&env.encode()).expect("re-encodes validly"), env);
+            }
+        }
     }
 });

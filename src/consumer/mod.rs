@@ -142,11 +142,26 @@ impl Consumer {
         self
     }
 
-    /// Decodes `bytes` (a relay's MQTT payload) and observes it.
+    /// Decodes `bytes` (a relay's MQTT payload) and observes it. A batch is an error here: use
+    /// [`observe_all`](Self::observe_all), which takes every kind of payload.
     pub fn observe_bytes(&mut self, bytes: &[u8]) -> Result<(Published, Verdict)> {
         let item = Published::decode(bytes)?;
         let verdict = self.observe(&item);
         Ok((item, verdict))
+    }
+
+    /// Decodes `bytes` (a relay's MQTT payload: one envelope, one gap notice, or a batch of
+    /// messages) and observes every item in it, in order: a batch counts exactly as its
+    /// messages published one by one would (see [`Published::decode_all`]).
+    pub fn observe_all(&mut self, bytes: &[u8]) -> Result<Vec<(Published, Verdict)>> {
+        let items = Published::decode_all(bytes)?;
+        Ok(items
+            .into_iter()
+            .map(|item| {
+                let verdict = self.observe(&item);
+                (item, verdict)
+            })
+            .collect())
     }
 
     /// Observes one item of the stream, in arrival order.

@@ -29,18 +29,37 @@ impl Lanes {
         &mut self.queues[i]
     }
 
-    /// The next row to publish: the oldest of the highest non-empty lane, and its lane.
-    pub(crate) fn pop(&mut self) -> Option<(usize, Ready)> {
+    /// The highest non-empty lane, served next: its number and its queue.
+    pub(crate) fn front_lane(&mut self) -> Option<(usize, &mut VecDeque<Ready>)> {
         self.queues
             .iter_mut()
             .enumerate()
             .rev()
-            .find_map(|(lane, q)| q.pop_front().map(|r| (lane, r)))
+            .find(|(_, q)| !q.is_empty())
     }
 
-    /// Puts back a row [`pop`](Self::pop) took, at the head of its lane.
-    pub(crate) fn put_back(&mut self, lane: usize, row: Ready) {
-        self.lane(lane).push_front(row);
+    /// The row served next.
+    pub(crate) fn front(&self) -> Option<&Ready> {
+        self.queues.iter().rev().find_map(VecDeque::front)
+    }
+
+    /// Takes the rows of the lane served next whose expiry (Unix ms) is at or before `now` into
+    /// `expired`; whether there were any.
+    pub(crate) fn drop_expired(&mut self, now: i64, expired: &mut Vec<i64>) -> bool {
+        let Some((_, queue)) = self.front_lane() else {
+            return false;
+        };
+        if !queue.iter().any(|r| r.expires_at.is_some_and(|t| t <= now)) {
+            return false;
+        }
+        queue.retain(|r| {
+            let gone = r.expires_at.is_some_and(|t| t <= now);
+            if gone {
+                expired.push(r.seq);
+            }
+            !gone
+        });
+        true
     }
 }
 
@@ -63,8 +82,27 @@ mod tests {
         for (lane, seq) in [(0, 1), (0, 2), (3, 7), (1, 4), (3, 9), (1, 5)] {
             lanes.lane(lane).push_back(row(seq));
         }
-        let order: Vec<i64> = std::iter::from_fn(|| lanes.pop().map(|(_, r)| r.seq)).collect();
+        let order: Vec<i64> = std::iter::from_fn(|| {
+            let (_, queue) = lanes.front_lane()?;
+            queue.pop_front().map(|r| r.seq)
+        })
+        .collect();
         assert_eq!(order, vec![7, 9, 4, 5, 1, 2]);
         assert!(lanes.is_empty());
+    }
+
+    #[test]
+    fn expired_rows_leave_the_lane_served_next() {
+        let mut lanes = Lanes::default();
+        let mut r = row(5);
+        r.expires_at = Some(100);
+        lanes.lane(2).push_back(r);
+        lanes.lane(2).push_back(row(6));
+        lanes.lane(0).push_back(row(1));
+        let mut expired = Vec::new();
+        assert!(!lanes.drop_expired(99, &mut expired));
+        assert!(lanes.drop_expired(100, &mut expired));
+        assert_eq!(expired, vec![5]);
+        assert_eq!(lanes.front().map(|r| r.seq), Some(6));
     }
 }

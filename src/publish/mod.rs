@@ -3,6 +3,7 @@
 //! and gap notices they read and write, and the durability barrier in front of publishing. The
 //! [`Relay`](crate::Relay) handle starts it beside the command session; neither imports the other.
 
+mod batch;
 mod durability;
 mod gaps;
 mod lanes;

@@ -28,6 +28,7 @@ use crossbeam_channel::{Receiver, select};
 use rumqttc::QoS;
 use rusqlite::Connection;
 
+use super::batch::{self, Front, Step};
 use super::durability::Barrier;
 use super::gaps;
 use super::lanes::{LANES, Lanes};
@@ -88,14 +89,16 @@ struct State {
     ready: Lanes,
     /// Highest sequence number read so far on this connection, by lane.
     cursor: [i64; LANES],
-    /// The last read of lane 0 reached its end.
-    lane0_end: bool,
+    /// Each lane's last read reached its end (lane 0 is not read while rows wait in it).
+    lane_end: [bool; LANES],
     /// The file changed: read the higher lanes before publishing more of lane 0's read-ahead, so
     /// an alarm does not wait behind it.
     check_lanes: bool,
     /// Paced replay (`RelayConfig::pace_messages`): the bucket, and when it has tokens again.
     pacer: Pacer,
     paced_until: Option<Instant>,
+    /// A publish made (a row taken, a batch packed) and held back by the pace: it goes next.
+    held_back: Option<Publish>,
     /// Highest `outbox_gaps.gap_id` read so far on this connection.
     gap_cursor: i64,
     /// Gap notices handed out on this connection: token to `seq` range.
@@ -116,6 +119,10 @@ struct State {
     resend_through: i64,
     /// The last read found no more rows; read again only when something may have changed.
     at_end: bool,
+    /// Batches in flight: their first row's number (the tracker's) to every row's.
+    batches: HashMap<Seq, Vec<Seq>>,
+    /// A partial batch waits for more rows: its first row, and until when.
+    linger: Option<(Seq, Instant)>,
     /// The last read failed; retry at the next idle tick.
     read_failed: bool,
     /// A failed read's error is in the status: clear it after the next successful read.
@@ -147,6 +154,12 @@ struct State {
     next_check: Instant,
     /// The time this relay runs, written forward into the file (retention's second clock).
     uptime: UptimeClock,
+}
+
+/// One MQTT publish, ready to hand over: a row, or a batch of rows (`members`).
+struct Publish {
+    row: Ready,
+    members: Option<Vec<Seq>>,
 }
 
 /// A row that was the oldest unacknowledged one when connections died.
@@ -186,10 +199,11 @@ impl Publisher {
             tracker: Tracker::default(),
             ready: Lanes::default(),
             cursor: [0; LANES],
-            lane0_end: false,
+            lane_end: [false; LANES],
             check_lanes: false,
             pacer: Pacer::new(self.config.pace),
             paced_until: None,
+            held_back: None,
             gap_cursor: 0,
             notices: HashMap::new(),
             held: BTreeMap::new(),
@@ -199,6 +213,8 @@ impl Publisher {
             highest_submitted: 0,
             resend_through: 0,
             at_end: false,
+            batches: HashMap::new(),
+            linger: None,
             read_failed: false,
             read_failed_error: false,
             durable_through: 0,
@@ -329,13 +345,15 @@ impl Publisher {
         // oldest row not yet acknowledged, once every acknowledged row is marked.
         self.marks.sync(&mut s.acked);
         s.tracker.reset();
+        s.batches.clear();
         s.ready.clear();
         s.cursor = if crate::mutant::active("skip-resume") {
             [s.highest_submitted; LANES]
         } else {
             [0; LANES]
         };
-        s.lane0_end = false;
+        s.lane_end = [false; LANES];
+        s.held_back = None;
         s.resend_through = s.highest_submitted;
         s.gap_cursor = 0;
         s.notices.clear();
@@ -404,10 +422,13 @@ impl Publisher {
         let Some((seq, written)) = s.tracker.on_puback_at(ack.pkid) else {
             return;
         };
+        // A batch is answered as a whole: every row in it shares the verdict.
+        let members = batch::members(&mut s.batches, seq);
+        let newest = members.last().copied().unwrap_or(seq);
         if s.suspect.as_ref().is_some_and(|x| x.seq == seq) {
             s.suspect = None;
         }
-        if s.probe_until.is_some_and(|until| seq >= until) {
+        if s.probe_until.is_some_and(|until| newest >= until) {
             s.probe_until = None;
             if let Some(live) = &mut s.live {
                 live.window = live.full_window;
@@ -421,9 +442,11 @@ impl Publisher {
             }
             Verdict::Accepted => {
                 crate::failpoint::hit("after-puback-before-mark");
-                s.acked.push(seq);
-                self.status
-                    .on_acked(s.tracker.in_flight(), written.map(|t| t.elapsed()));
+                for &row in &members {
+                    s.acked.push(row);
+                    self.status
+                        .on_acked(s.tracker.in_flight(), written.map(|t| t.elapsed()));
+                }
                 s.quota_backoff.reset();
                 if std::mem::take(&mut s.quota_error) {
                     self.status.clear_error(Source::Quota);
@@ -444,11 +467,11 @@ impl Publisher {
                 }
             }
             Verdict::Refused(reason) => {
-                tracing::warn!(seq, %reason, "the broker refused a message: moving it to the dead letters");
-                s.refused.push(Unpublishable {
+                tracing::warn!(seq, rows = members.len(), %reason, "the broker refused a message: moving it to the dead letters");
+                s.refused.extend(members.iter().map(|&seq| Unpublishable {
                     seq,
                     reason: format!("the broker refused it: PUBACK reason {reason}"),
-                });
+                }));
                 self.status.on_answered(s.tracker.in_flight());
                 if awaited {
                     self.renew(
@@ -508,6 +531,7 @@ impl Publisher {
         self.strike(s, &cause);
         s.live = None;
         s.tracker.reset();
+        s.batches.clear();
         s.ready.clear();
         // Retried on the next connection, whatever the wait was for.
         s.paused_until = None;
@@ -559,11 +583,18 @@ impl Publisher {
             // A whole window was on the wire: no telling which one. The next connection
             // publishes one at a time, which will.
             _ => {
-                s.probe_until = s.tracker.newest_in_flight().max(s.probe_until);
+                s.probe_until = newest_in_flight(s).max(s.probe_until);
                 tracing::debug!(on_wire = s.tracker.on_wire(), %cause, "connection lost with a window in flight: narrowing it");
                 return;
             }
         };
+        if let Some(rows) = s.batches.get(&seq) {
+            // Evidence against a batch is none against any one row in it: publish its rows one
+            // at a time on the next connection, where a bad one is found alone.
+            s.probe_until = rows.last().copied().max(s.probe_until);
+            tracing::debug!(%cause, strikes, "the connection ended over a batch: publishing its rows one at a time");
+            return;
+        }
         let suspect = match &mut s.suspect {
             Some(x) if x.seq == seq => {
                 x.strikes += strikes;
@@ -622,33 +653,66 @@ impl Publisher {
                 return;
             }
             if !s.at_end && (s.ready.is_empty() || std::mem::take(&mut s.check_lanes)) {
-                if let Err(e) = self.read_ahead(s) {
-                    // Transient (busy, I/O): try again at the next idle tick, not in a tight loop.
-                    tracing::warn!(error = %e, "could not read the outbox; retrying");
-                    self.status
-                        .set_error(Source::Reading, format!("reading the outbox: {e}"));
-                    // What was read ahead before stays: the cursors did not move past it.
-                    s.at_end = true;
-                    s.read_failed = true;
-                    s.read_failed_error = true;
-                }
+                self.read_more(s, None);
                 continue;
             }
-            let Some(live) = &mut s.live else { return };
-            let Some((lane, row)) = s.ready.pop() else { return };
-            if row.expires_at.is_some_and(|t| t <= crate::time::now_ms()) {
-                // It expired while it waited here (a pace, a full window): never published late.
-                // The next read removes it and records its gap.
-                s.expired.push(row.seq);
+            // Rows that expired while they waited here (a pace, a full window) are never
+            // published late: the next read removes them and records their gaps.
+            if s.ready.drop_expired(crate::time::now_ms(), &mut s.expired) {
                 s.at_end = false;
                 s.check_lanes = true;
                 continue;
             }
-            if let Err(until) = s.pacer.take(row.topic.len() + row.envelope.len(), Instant::now()) {
-                s.ready.put_back(lane, row);
+            let publish = match s.held_back.take() {
+                // Packed before, held back by the pace.
+                Some(held) => held,
+                None => {
+                    let Some((lane, queue)) = s.ready.front_lane() else {
+                        return;
+                    };
+                    let step = if self.config.batching.is_empty() {
+                        Step::Single
+                    } else {
+                        let front = Front {
+                            rules: &self.config.batching,
+                            max_packet: live.max_packet,
+                            properties: self.properties(),
+                            at_end: s.lane_end[lane],
+                            probing: s.probe_until.is_some(),
+                            now: Instant::now(),
+                        };
+                        batch::next(queue, &front, &mut s.linger)
+                    };
+                    let (row, members) = match step {
+                        Step::ReadMore if s.lane_end[lane] => return,
+                        Step::ReadMore => {
+                            self.read_more(s, Some(lane));
+                            continue;
+                        }
+                        Step::Linger(_) => return,
+                        Step::Single => match queue.pop_front() {
+                            Some(row) => (row, None),
+                            None => return,
+                        },
+                        Step::Batch(n, rule) => {
+                            let (row, members) = batch::take(queue, n, &rule);
+                            (row, Some(members))
+                        }
+                    };
+                    s.linger = None;
+                    Publish { row, members }
+                }
+            };
+            if let Err(until) = s.pacer.take(
+                publish.row.topic.len() + publish.row.envelope.len(),
+                Instant::now(),
+            ) {
+                s.held_back = Some(publish);
                 s.paced_until = Some(until);
                 return;
             }
+            let Publish { row, members } = publish;
+            let Some(live) = &mut s.live else { return };
             let alias = live.aliases.for_topic(&row.topic);
             let expiry = row.expires_at.map(seconds_left);
             match live
@@ -661,11 +725,17 @@ impl Publisher {
                         self.status.on_published(s.tracker.in_flight(), false);
                         continue;
                     }
-                    self.status
-                        .on_published(s.tracker.in_flight(), row.seq <= s.resend_through);
-                    s.highest_submitted = s.highest_submitted.max(row.seq);
-                    if crate::mutant::active("mark-before-puback") {
-                        s.acked.push(row.seq);
+                    let rows = members.unwrap_or_else(|| vec![row.seq]);
+                    for &seq in &rows {
+                        self.status
+                            .on_published(s.tracker.in_flight(), seq <= s.resend_through);
+                        s.highest_submitted = s.highest_submitted.max(seq);
+                        if crate::mutant::active("mark-before-puback") {
+                            s.acked.push(seq);
+                        }
+                    }
+                    if rows.len() > 1 {
+                        s.batches.insert(row.seq, rows);
                     }
                 }
                 Err(_) => {
@@ -680,7 +750,30 @@ impl Publisher {
         }
     }
 
-    fn read_ahead(&mut self, s: &mut State) -> Result<()> {
+    /// Reads ahead (the higher lanes, and lane 0 when its queue is used up or `extend` asks for
+    /// it: a batch that runs to the end of what was read).
+    fn read_more(&mut self, s: &mut State, extend: Option<usize>) {
+        if let Err(e) = self.read_ahead(s, extend) {
+            // Transient (busy, I/O): try again at the next idle tick, not in a tight loop.
+            tracing::warn!(error = %e, "could not read the outbox; retrying");
+            self.status
+                .set_error(Source::Reading, format!("reading the outbox: {e}"));
+            // What was read ahead before stays: the cursors did not move past it.
+            s.at_end = true;
+            s.read_failed = true;
+            s.read_failed_error = true;
+        }
+    }
+
+    /// Bytes of MQTT properties a publish may carry on this connection.
+    fn properties(&self) -> usize {
+        match self.config.mqtt.version() {
+            Protocol::V5 => V5_PROPERTIES,
+            Protocol::V311 => 0,
+        }
+    }
+
+    fn read_ahead(&mut self, s: &mut State, extend: Option<usize>) -> Result<()> {
         let Some(live) = &s.live else { return Ok(()) };
         // Each read is a transaction with its locks and a statement run: read a few windows'
         // worth at a time under load (an idle relay reads the one new row anyway).
@@ -691,10 +784,7 @@ impl Publisher {
             epochs: &s.epochs,
             max_packet: live.max_packet,
             limit_owner: live.limit_owner,
-            properties: match self.config.mqtt.version() {
-                Protocol::V5 => V5_PROPERTIES,
-                Protocol::V311 => 0,
-            },
+            properties: self.properties(),
             allow_dollar: self.options.limits.dollar_topics_allowed(),
             ttl: &self.config.ttl,
         };
@@ -710,20 +800,19 @@ impl Publisher {
         s.gap_cursor = gap_read.last_gap_id.unwrap_or(s.gap_cursor);
         s.held.extend(notices.into_iter().map(|n| (n.seq, n)));
         // The higher lanes at every read (an index probe each when empty), lane 0 only when its
-        // read-ahead is used up.
+        // read-ahead is used up or a batch needs what follows it.
         let mut fresh: [VecDeque<Ready>; LANES] = Default::default();
         let mut claim = Vec::new();
-        let mut high_at_end = true;
         let mut last_read: Option<i64> = None;
-        let lane0 = s.ready.lane(0).is_empty();
+        let lane0 = s.ready.lane(0).is_empty() || extend == Some(0);
         // Cursors move only once every read (and the claim) succeeded: a failed read drops what
         // it got, to be read again.
         let mut cursor = s.cursor;
-        let mut lane0_end = s.lane0_end;
+        let mut lane_end = s.lane_end;
         for lane in (0..LANES).rev() {
             if lane == 0 && !lane0 {
                 // Rows are still queued in lane 0, so it is not at its end.
-                lane0_end = false;
+                lane_end[0] = false;
                 continue;
             }
             let sinks = Sinks {
@@ -733,12 +822,7 @@ impl Publisher {
                 claim: &mut claim,
             };
             let read = rows::read_after(&self.conn, &enc, lane as u8, cursor[lane], limit, sinks)?;
-            let at_end = read.rows < limit;
-            if lane == 0 {
-                lane0_end = at_end;
-            } else {
-                high_at_end &= at_end;
-            }
+            lane_end[lane] = read.rows < limit;
             cursor[lane] = read.last_seq.unwrap_or(cursor[lane]);
             last_read = last_read.max(read.last_seq);
         }
@@ -756,7 +840,7 @@ impl Publisher {
             }
         }
         s.cursor = cursor;
-        s.lane0_end = lane0_end;
+        s.lane_end = lane_end;
         let [lane0_rows, higher @ ..] = &mut fresh;
         for (i, q) in higher.iter_mut().enumerate() {
             s.ready.lane(i + 1).append(q);
@@ -774,7 +858,7 @@ impl Publisher {
         release_notices(
             &mut s.held,
             s.ready.lane(0),
-            if s.lane0_end {
+            if s.lane_end[0] {
                 i64::MAX
             } else {
                 s.cursor[0].saturating_add(1)
@@ -800,7 +884,7 @@ impl Publisher {
             self.status.on_wal_sync();
             s.durable_through = high.max(last);
         }
-        s.at_end = s.lane0_end && high_at_end && gap_read.rows < GAP_READ_BATCH;
+        s.at_end = s.lane_end.iter().all(|&end| end) && gap_read.rows < GAP_READ_BATCH;
         if !bad.is_empty() {
             self.dead_letter(&bad);
             // Their gap rows are new: read them.
@@ -927,6 +1011,16 @@ impl Publisher {
         if let Some(until) = s.paced_until {
             next = next.min(until);
         }
+        // A lingering batch, while its first row is still next and it could be published (a
+        // stale deadline would wake the loop at once, again and again).
+        if let Some((seq, until)) = s.linger
+            && s.ready.front().is_some_and(|r| r.seq == seq)
+            && s.stopping.is_none()
+            && s.paused_until.is_none()
+            && s.live.as_ref().is_some_and(|l| s.tracker.in_flight() < l.window)
+        {
+            next = next.min(until);
+        }
         next.min(s.uptime.due())
     }
 
@@ -953,6 +1047,12 @@ impl Publisher {
 fn seconds_left(expires_at: i64) -> u32 {
     let ms = expires_at.saturating_sub(crate::time::now_ms()).max(1);
     u32::try_from((ms + 999) / 1000).unwrap_or(u32::MAX)
+}
+
+/// The newest row handed to rumqttc and not yet acknowledged, the rows of batches included.
+fn newest_in_flight(s: &State) -> Option<Seq> {
+    let batched = s.batches.values().filter_map(|rows| rows.last().copied()).max();
+    s.tracker.newest_in_flight().max(batched)
 }
 
 /// Moves the held gap notices whose range starts below outbox row `below` to the end of `ready`.

@@ -124,7 +124,7 @@ fn expiry(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> Option<i64> {
     let created: i64 = row.get(7).ok()?;
     cfg.ttl
         .iter()
-        .find(|(filter, _)| rumqttc::matches(topic, filter))
+        .find(|(filter, _)| crate::topic::filter_matches(filter, topic))
         .map(|(_, ttl)| created.saturating_add(crate::time::ms(*ttl)))
 }
 

@@ -77,7 +77,7 @@ impl MessageClass {
 pub(crate) fn of<'c>(classes: &'c [(String, MessageClass)], topic: &str) -> Option<&'c MessageClass> {
     classes
         .iter()
-        .find(|(filter, _)| rumqttc::matches(topic, filter))
+        .find(|(filter, _)| crate::topic::filter_matches(filter, topic))
         .map(|(_, class)| class)
 }
 

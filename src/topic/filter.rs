@@ -40,9 +40,49 @@ pub(crate) fn validate(filter: &str) -> Result<()> {
     Ok(())
 }
 
+/// Whether `topic` matches the (valid) `filter`: `+` is one whole level, `#` the rest (the parent
+/// level included), and a wildcard in the first level does not match a topic starting with `$`.
+pub(crate) fn matches(filter: &str, topic: &str) -> bool {
+    if topic.starts_with('$') && (filter.starts_with('+') || filter.starts_with('#')) {
+        return false;
+    }
+    let mut levels = topic.split('/');
+    for f in filter.split('/') {
+        if f == "#" {
+            return true;
+        }
+        match levels.next() {
+            Some(t) if f == "+" || f == t => {}
+            _ => return false,
+        }
+    }
+    levels.next().is_none()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn matching_follows_the_mqtt_rules() {
+        for (filter, topic, want) in [
+            ("a/b", "a/b", true),
+            ("a/b", "a/c", false),
+            ("a/+", "a/b", true),
+            ("a/+", "a/b/c", false),
+            ("a/+", "a", false),
+            ("a/#", "a", true),
+            ("a/#", "a/b/c", true),
+            ("#", "a/b", true),
+            ("#", "$SYS/x", false),
+            ("+/x", "$SYS/x", false),
+            ("$SYS/#", "$SYS/x", true),
+            ("a/b", "a/b/c", false),
+            ("a/+/c", "a//c", true),
+        ] {
+            assert_eq!(matches(filter, topic), want, "{filter} {topic}");
+        }
+    }
 
     #[test]
     fn accepts_valid_filters() {

@@ -3,7 +3,7 @@
 
 mod filter;
 
-pub(crate) use filter::validate as validate_filter;
+pub(crate) use filter::{matches as filter_matches, validate as validate_filter};
 
 use crate::error::{Error, Result};
 

@@ -4,8 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use edge_outbox::envelope::Published;
-use edge_outbox::{Envelope, MessageId};
+use edge_outbox::{Envelope, MessageId, Published};
 use rusqlite::{Connection, OpenFlags};
 
 use super::device::{COALESCING_KEY, EXPIRING_KEY};
@@ -183,16 +182,20 @@ pub fn judge(
     let mut seen_ids = HashSet::new();
     // Numbers announced removed, by cause, per epoch (a notice may come twice).
     let mut removed: HashMap<String, HashSet<(u64, u64)>> = HashMap::new();
+    let mut envelopes = Vec::new();
     for m in delivered.iter().filter(|m| m.topic.starts_with("orders/")) {
-        let env = match Published::decode(&m.payload).expect("delivered item decodes") {
-            Published::Message(env) => env,
-            Published::Gap(g) => {
-                let numbers = removed.entry(g.cause.to_string()).or_default();
-                numbers.extend((g.first..=g.last).map(|seq| (g.epoch, seq)));
-                continue;
+        for item in Published::decode_all(&m.payload).expect("delivered item decodes") {
+            match item {
+                Published::Message(env) => envelopes.push(env),
+                Published::Gap(g) => {
+                    let numbers = removed.entry(g.cause.to_string()).or_default();
+                    numbers.extend((g.first..=g.last).map(|seq| (g.epoch, seq)));
+                }
+                other => panic!("unexpected item on an order topic: {other:?}"),
             }
-            other => panic!("unexpected item on an order topic: {other:?}"),
-        };
+        }
+    }
+    for env in envelopes {
         let order: Order = env.payload_as().expect("order payload");
         v.published += 1;
         if !committed.contains(&order) {

@@ -8,7 +8,10 @@
 use std::io::Write;
 use std::time::Duration;
 
-use edge_outbox::{Error, Message, MqttConfig, Options, Outbox, Relay, RelayConfig, Status, Synchronous};
+use edge_outbox::{
+    Batching, Compression, Error, Message, MqttConfig, Options, Outbox, Relay, RelayConfig, Status,
+    Synchronous,
+};
 
 /// How the orchestrator configures a device run (environment variables, so a restart is the same
 /// command line).
@@ -30,6 +33,9 @@ impl DeviceEnv {
     /// coalesce, [`EXPIRING_KEY`]'s expire after [`LIFETIME`], and the relay is paced below the
     /// load (issue 13's options under the same kills).
     pub const LANES: &'static str = "CRASH_DEVICE_LANES";
+    /// Set: every order goes on one topic, `orders/batched`, which the relay batches (with
+    /// zlib and a short linger), so that batches form whatever the key.
+    pub const BATCH: &'static str = "CRASH_DEVICE_BATCH";
 }
 
 /// With [`DeviceEnv::LANES`]: the key whose orders are latest values (the older ones unpublished
@@ -127,10 +133,27 @@ pub fn run() -> Result<(), Error> {
             .expire_after(format!("orders/{EXPIRING_KEY}"), LIFETIME)
             .pace_messages(1_500);
     }
-    let config = config
+    let mut config = config
         .commands(COMMAND_FILTER)
         .commands_client_id(COMMAND_CLIENT_ID)
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(300));
+    let batched = var(DeviceEnv::BATCH).is_some();
+    if batched {
+        config = config.batch(
+            "orders/#",
+            Batching::new()
+                .max_bytes(2048)
+                .linger(Duration::from_millis(20))
+                .compression(Compression::Zlib),
+        );
+    }
+    let topic = |key: &str| {
+        if batched {
+            "orders/batched".to_owned()
+        } else {
+            format!("orders/{key}")
+        }
+    };
     let relay = Relay::start_with_handler(&outbox, config, |tx, cmd| {
         let amount: i64 = cmd.payload_as()?;
         tx.execute("INSERT OR IGNORE INTO accounts VALUES (?1, 0)", [&cmd.key])?;
@@ -174,7 +197,7 @@ pub fn run() -> Result<(), Error> {
             // ever be seen.
             let declined = outbox.transaction(|tx| {
                 tx.execute("INSERT INTO orders VALUES (?1, ?2, ?3)", (n, &key, ROLLED_BACK))?;
-                tx.publish(&format!("orders/{key}"), &key, &(n, &key, ROLLED_BACK))?;
+                tx.publish(&topic(&key), &key, &(n, &key, ROLLED_BACK))?;
                 Err::<(), _>(Error::InvalidConfig("declined".into()))
             });
             match declined {
@@ -196,7 +219,7 @@ pub fn run() -> Result<(), Error> {
                     .coalescing(key == COALESCING_KEY);
                 tx.send(&message.priority(lane))?;
             } else {
-                tx.publish(&format!("orders/{key}"), &key, &(n, &key, n * 10))?;
+                tx.publish(&topic(&key), &key, &(n, &key, n * 10))?;
             }
             Ok::<_, Error>(())
         });

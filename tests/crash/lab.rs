@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use edge_outbox::{Envelope, MessageId};
+use edge_outbox::{Envelope, MessageId, Published};
 use rumqttc::QoS;
 
 use super::checker::{self, SentCommand, Verdict};
@@ -330,8 +330,11 @@ impl Lab {
             let before = decoded;
             self.sub.wait_messages(QUIET, |msgs| {
                 for m in &msgs[decoded..] {
-                    if let Some(n) = order_number(m) {
-                        missing.remove(&n);
+                    let orders = order_numbers(m);
+                    if !orders.is_empty() {
+                        for n in orders {
+                            missing.remove(&n);
+                        }
                     } else if let Some(id) = receipt(m) {
                         receipts.remove(&id);
                     }
@@ -366,13 +369,19 @@ fn committed(line: &str) -> Option<i64> {
     line.strip_prefix("committed ")?.parse().ok()
 }
 
-/// The order number an order message carries, if it is one.
-fn order_number(m: &super::support::Message) -> Option<i64> {
+/// The order numbers an order message carries (a batch carries several), if it is one.
+fn order_numbers(m: &super::support::Message) -> Vec<i64> {
     if !m.topic.starts_with("orders/") {
-        return None;
+        return Vec::new();
     }
-    let env = Envelope::decode(&m.payload).ok()?;
-    env.payload_as::<(i64, String, i64)>().ok().map(|(n, _, _)| n)
+    Published::decode_all(&m.payload)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|item| match item {
+            Published::Message(env) => env.payload_as::<(i64, String, i64)>().ok().map(|(n, _, _)| n),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The command id a receipt carries, if the message is one.

@@ -100,10 +100,23 @@ fn main() {
             });
         }
     }
+    // Batches of about 20 orders: a few PUBACKs in, the crash falls on a batch's.
+    for (point, nth) in [
+        ("after-publish-before-puback", 3),
+        ("after-puback-before-mark", 3),
+        ("mid-mark", 1),
+    ] {
+        run(&format!("failpoint_batched_{point}"), &mut |_| {
+            scenarios::failpoint_batched(point, nth)
+        });
+    }
     run("proxy_chaos", &mut scenarios::proxy_chaos);
     run("random_kills", &mut |rng| scenarios::random_kills(kills, rng));
     run("random_kills_in_lanes", &mut |rng| {
         scenarios::random_kills_in_lanes(kills / 2, rng)
+    });
+    run("random_kills_batched", &mut |rng| {
+        scenarios::random_kills_batched(kills / 2, rng)
     });
     run("foreign_writers", &mut |rng| {
         scenarios::foreign_writers(kills / 5, rng)

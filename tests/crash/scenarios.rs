@@ -44,9 +44,22 @@ const READY: Duration = Duration::from_secs(30);
 /// Arms one failpoint, lets the device crash there, restarts it and checks. With `keep_sent`,
 /// acknowledged rows are kept (moved to `outbox_sent`) instead of deleted.
 pub fn failpoint(name: &str, nth: u32, keep_sent: bool) -> Verdict {
+    failpoint_with(name, nth, keep_sent, false)
+}
+
+/// As [`failpoint`], with every order on one batched topic (`DeviceEnv::BATCH`): the crash falls
+/// between a batch's PUBACK and the marking of its rows, or inside that marking.
+pub fn failpoint_batched(name: &str, nth: u32) -> Verdict {
+    failpoint_with(name, nth, false, true)
+}
+
+fn failpoint_with(name: &str, nth: u32, keep_sent: bool, batched: bool) -> Verdict {
     let mut lab = Lab::new(Broker::start().expect("broker"), false, 400);
     if keep_sent {
         lab.env.push((DeviceEnv::KEEP_SENT, "1".into()));
+    }
+    if batched {
+        lab.env.push((DeviceEnv::BATCH, "1".into()));
     }
     // The device must not finish before the commands it is about to be sent arrive: the command
     // failpoints are hit while applying them.
@@ -66,7 +79,8 @@ pub fn failpoint(name: &str, nth: u32, keep_sent: bool) -> Verdict {
     lab.send_commands(2);
     lab.env.retain(|(k, _)| *k != DeviceEnv::COMMANDS);
     let retention = if keep_sent { "kept" } else { "deleted" };
-    lab.finish(&format!("failpoint {name} (sent {retention})"), 1)
+    let batches = if batched { ", batched" } else { "" };
+    lab.finish(&format!("failpoint {name} (sent {retention}{batches})"), 1)
 }
 
 fn libc_sigabrt() -> i32 {
@@ -112,6 +126,38 @@ fn random_kills_with(kills: usize, rng: &mut Rng, lanes: bool) -> Verdict {
         "random SIGKILL (FULL and NORMAL)"
     };
     lab.finish(what, kills)
+}
+
+/// Random SIGKILLs with batching on (one topic, zlib, 20 ms linger): a batch is marked only on
+/// its PUBACK and published again whole after a restart, so nothing is lost, nothing phantom, and
+/// each key keeps its order.
+pub fn random_kills_batched(kills: usize, rng: &mut Rng) -> Verdict {
+    let mut lab = Lab::new(Broker::start().expect("broker"), false, 1_000_000);
+    lab.set_env(DeviceEnv::BATCH, "1");
+    let mut device = lab.start(None);
+    assert!(device.wait_line("ready", READY), "device never became ready");
+    device.kill();
+    for k in 0..kills {
+        lab.set_env(DeviceEnv::SYNC, if k % 2 == 1 { "normal" } else { "full" });
+        let device = lab.start(None);
+        std::thread::sleep(Duration::from_millis(rng.below(300)));
+        device.kill();
+    }
+    lab.orders = lab.last_order() + 50;
+    let verdict = lab.finish("random SIGKILL, batched", kills);
+    let batches = lab
+        .sub
+        .messages()
+        .iter()
+        .filter(|m| m.topic == "orders/batched")
+        .filter(|m| edge_outbox::Published::decode_all(&m.payload).is_ok_and(|items| items.len() > 1))
+        .count();
+    assert!(
+        batches > 0,
+        "no batch was published: the scenario tested nothing of batching"
+    );
+    println!("crash: random_kills_batched: {batches} batches among the deliveries");
+    verdict
 }
 
 /// How long a relay may take to notice a half-open link: two keep-alives of 5 s and a margin.

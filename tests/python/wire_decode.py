@@ -1,7 +1,11 @@
 """Decodes what an edge-outbox relay publishes with cbor2, a CBOR library that knows nothing of
-the crate: an envelope (version 1 or 2) or a gap notice.
+the crate: an envelope (version 1 or 2), a gap notice, or a batch (version 3) of envelopes, plain
+or compressed with zlib (Python's standard library).
 
 Usage: wire_decode.py HEX
+
+For a batch: first `batch N plain` or `batch N zlib`, then each envelope's lines as below, each
+envelope's block starting with `--`.
 
 Checks the types the CDDL in docs/wire-format.md promises and prints one line per field:
 `keys` (in wire order), then `v`, `id` (hex), `src`, `ep`, `seq`, `key`, `ts`, `type`, `hdr` and
@@ -11,6 +15,7 @@ For a gap notice: `keys`, `v`, `id`, `src`, `ep`, `ts`, then `gap FIRST LAST CAU
 
 import json
 import sys
+import zlib
 
 import cbor2
 
@@ -18,6 +23,32 @@ import cbor2
 def main(hex_bytes: str) -> None:
     raw = bytes.fromhex(hex_bytes)
     env = cbor2.loads(raw)
+    # A definite-length map head (major type 5, fewer than 24 pairs in the head byte itself).
+    assert raw[0] >> 5 == 5 and raw[0] & 0x1F < 24, f"envelope head 0x{raw[0]:02x}"
+    if isinstance(env, dict) and env.get("v") == 3:
+        batch(env)
+        return
+    envelope(env)
+
+
+def batch(b: dict) -> None:
+    assert set(b) in ({"v", "batch"}, {"v", "zlib"}), list(b)
+    if "zlib" in b:
+        assert type(b["zlib"]) is bytes
+        items = cbor2.loads(zlib.decompress(b["zlib"]))
+        how = "zlib"
+    else:
+        items = b["batch"]
+        how = "plain"
+    assert isinstance(items, list) and len(items) > 0, items
+    print("batch", len(items), how)
+    for env in items:
+        print("--")
+        assert env.get("v") == 2, "each message of a batch is a version 2 envelope"
+        envelope(env)
+
+
+def envelope(env: dict) -> None:
     assert isinstance(env, dict), f"envelope is a {type(env)}"
     assert all(isinstance(k, str) for k in env), "envelope keys are text"
     assert type(env["v"]) is int and env["v"] in (1, 2), env["v"]
@@ -27,8 +58,6 @@ def main(hex_bytes: str) -> None:
         assert type(env["ep"]) is int and 0 < env["ep"] < 2**63, env["ep"]
     else:
         assert "ep" not in env
-    # A definite-length map head (major type 5, fewer than 24 pairs in the head byte itself).
-    assert raw[0] >> 5 == 5 and raw[0] & 0x1F < 24, f"envelope head 0x{raw[0]:02x}"
     if "gap" in env:
         gap_notice(env)
         return

@@ -18,18 +18,21 @@ pub struct Delivery {
     pub duplicates: usize,
 }
 
-/// Decodes every message as an envelope, skipping gap notices; a malformed one fails the test.
+/// Decodes every message as envelopes (a batch unpacked in order), skipping gap notices; a
+/// malformed one fails the test.
 pub fn decode_all(messages: &[Message]) -> Vec<Envelope<'static>> {
     messages
         .iter()
-        .filter_map(|m| {
-            match Published::decode(&m.payload)
+        .flat_map(|m| {
+            Published::decode_all(&m.payload)
                 .unwrap_or_else(|e| panic!("undecodable envelope on {}: {e}", m.topic))
-            {
-                Published::Message(env) => Some(env),
-                Published::Gap(_) => None,
-                other => panic!("unexpected item on {}: {other:?}", m.topic),
-            }
+                .into_iter()
+                .filter_map(|item| match item {
+                    Published::Message(env) => Some(env),
+                    Published::Gap(_) => None,
+                    other => panic!("unexpected item on {}: {other:?}", m.topic),
+                })
+                .collect::<Vec<_>>()
         })
         .collect()
 }
@@ -135,7 +138,11 @@ fn wait_on_new_ids(
     sub.wait_messages(timeout, |msgs| {
         let mut new = msgs[decoded..]
             .iter()
-            .filter_map(|m| Envelope::decode(&m.payload).ok().map(|e| e.id));
+            .flat_map(|m| Published::decode_all(&m.payload).unwrap_or_default())
+            .filter_map(|item| match item {
+                Published::Message(e) => Some(e.id),
+                _ => None,
+            });
         decoded = msgs.len();
         done(&mut new)
     })

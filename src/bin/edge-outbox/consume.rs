@@ -111,7 +111,7 @@ pub fn run(global: &Global, args: &ConsumeArgs) -> Result<()> {
         match items.recv_timeout(Duration::from_millis(200)) {
             Ok(bytes) => {
                 received += 1;
-                if consumer.observe_bytes(&bytes).is_err() {
+                if consumer.observe_all(&bytes).is_err() {
                     malformed += 1;
                 }
             }
@@ -137,7 +137,7 @@ pub fn run(global: &Global, args: &ConsumeArgs) -> Result<()> {
     }
     // What was still queued when the subscriber stopped.
     for bytes in items.try_iter() {
-        if consumer.observe_bytes(&bytes).is_err() {
+        if consumer.observe_all(&bytes).is_err() {
             malformed += 1;
         }
     }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use crossbeam_channel::RecvTimeoutError;
-use edge_outbox::{Relay, RelayConfig, Status};
+use edge_outbox::{Batching, Compression, Relay, RelayConfig, Status};
 use serde_json::json;
 use signal_hook::consts::{SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -112,6 +112,20 @@ pub struct RelayArgs {
     /// a backlog drains. Never drawn when stderr is not a terminal.
     #[arg(long)]
     pub progress: bool,
+    /// Batch the messages whose topic matches this filter (repeatable): consecutive messages of
+    /// one topic go out as one publish, each still a full envelope (docs/wire-format.md,
+    /// "Batches"; consumers must unpack them).
+    #[arg(long, value_name = "FILTER")]
+    pub batch: Vec<String>,
+    /// Most bytes of envelopes in one batch, before compression.
+    #[arg(long, value_name = "BYTES", default_value_t = 16 * 1024, requires = "batch")]
+    pub batch_max_bytes: usize,
+    /// Milliseconds a partial batch waits for more messages of its topic.
+    #[arg(long, value_name = "MS", default_value_t = 50, requires = "batch")]
+    pub batch_linger_ms: u64,
+    /// Compress each batch with zlib.
+    #[arg(long, requires = "batch")]
+    pub batch_zlib: bool,
     /// Publish at most this many messages a second (a metered link; highest priority first).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub pace_messages: Option<u32>,
@@ -228,6 +242,17 @@ fn config(args: &RelayArgs) -> Result<RelayConfig> {
     }
     if let Some(file) = &args.metrics_file {
         config = config.metrics_file(file);
+    }
+    let batching = Batching::new()
+        .max_bytes(args.batch_max_bytes)
+        .linger(Duration::from_millis(args.batch_linger_ms))
+        .compression(if args.batch_zlib {
+            Compression::Zlib
+        } else {
+            Compression::None
+        });
+    for filter in &args.batch {
+        config = config.batch(filter, batching);
     }
     if let Some(n) = args.pace_messages {
         config = config.pace_messages(n);
