@@ -144,3 +144,56 @@ fn a_priority_above_the_highest_is_refused_and_nothing_is_written() -> TestResul
     assert!(sql.is_err(), "a priority of 9 was stored");
     Ok(())
 }
+
+/// Batching and lanes together: telemetry packed into batches still waits for the alarms, and
+/// each lane keeps its order inside and across batches.
+#[test]
+fn batched_telemetry_waits_for_the_alarms() -> TestResult {
+    use edge_outbox::Batching;
+    let broker = Broker::start()?;
+    let sub = Subscriber::start(broker.addr(), "prio/#")?;
+    let (_dir, db) = temp_db()?;
+    let outbox = Outbox::open(&db)?;
+    outbox.transaction(|tx| {
+        for i in 0..1_000u64 {
+            tx.send(&message("telemetry", i, 0))?;
+            if i % 250 == 249 {
+                tx.send(&message("alarm", i, 3))?;
+            }
+        }
+        Ok::<_, Error>(())
+    })?;
+    let config = relay_config(broker.addr(), "prio-batched").batch("prio/telemetry", Batching::new());
+    let _relay = Relay::start(&outbox, config)?;
+    assert!(
+        sub.wait_messages(WAIT, |m| {
+            m.iter()
+                .filter_map(|m| Published::decode_all(&m.payload).ok())
+                .map(|items| items.len())
+                .sum::<usize>()
+                >= 1_004
+        }),
+        "not everything arrived"
+    );
+    let publishes = sub.messages();
+    let mut keys = Vec::new();
+    let mut telemetry = Vec::new();
+    for m in &publishes {
+        for item in Published::decode_all(&m.payload)? {
+            if let Published::Message(env) = item {
+                keys.push(env.key.to_string());
+                if env.key == "telemetry" {
+                    telemetry.push(env.payload_as::<u64>()?);
+                }
+            }
+        }
+    }
+    assert_eq!(&keys[..4], &["alarm"; 4], "alarms first: {:?}", &keys[..6]);
+    assert!(
+        publishes.len() < 100,
+        "{} publishes for 1,004 messages: no batches",
+        publishes.len()
+    );
+    assert_eq!(telemetry, (0..1_000).collect::<Vec<u64>>());
+    Ok(())
+}
