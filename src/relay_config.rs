@@ -12,6 +12,20 @@ use crate::topic::validate_filter;
 /// Shutdown waits at most this long for in-flight PUBACKs by default.
 pub(crate) const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The rates a relay is held to ([`RelayConfig::pace_messages`], [`RelayConfig::pace_bytes`]);
+/// `None`: no limit on that measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct PaceRates {
+    pub messages: Option<u32>,
+    pub bytes: Option<u64>,
+}
+
+impl PaceRates {
+    pub(crate) fn is_off(&self) -> bool {
+        self.messages.is_none() && self.bytes.is_none()
+    }
+}
+
 /// How the relay runs. Setters return `Self`; [`Relay::start`](crate::Relay::start) validates.
 ///
 /// | setting | default |
@@ -55,7 +69,7 @@ pub struct RelayConfig {
     pub(crate) integrity_interval: Duration,
     /// Default lifetimes by topic filter, first match wins.
     pub(crate) ttl: Vec<(String, Duration)>,
-    pub(crate) pace: crate::publish::pacing::Rates,
+    pub(crate) pace: PaceRates,
     /// Topic filters whose messages are batched, in the order given (the first match applies).
     pub(crate) batching: Vec<(String, Batching)>,
 }
@@ -83,7 +97,7 @@ impl RelayConfig {
             metrics_file: None,
             integrity_interval: Duration::from_secs(3600),
             ttl: Vec::new(),
-            pace: crate::publish::pacing::Rates::default(),
+            pace: PaceRates::default(),
             batching: Vec::new(),
         }
     }
@@ -252,9 +266,10 @@ impl RelayConfig {
         self
     }
 
-    /// Paces publishing to at most `per_second` messages a second (default: no limit), so that
-    /// draining a long outage's backlog does not saturate a metered link. Higher priority lanes
-    /// still go first. Bursts are limited to a tenth of a second's worth.
+    /// Paces publishing to at most `per_second` MQTT publishes a second (default: no limit), so
+    /// that draining a long outage's backlog does not saturate a metered link; a batch
+    /// ([`batch`](Self::batch)) is one publish. Higher priority lanes still go first. Bursts are
+    /// limited to a tenth of a second's worth.
     ///
     /// ```
     /// let mqtt = edge_outbox::MqttConfig::new("127.0.0.1", 1883);

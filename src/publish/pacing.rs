@@ -7,18 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-/// The rates a relay is held to; `None` for no limit on that measure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Rates {
-    pub messages: Option<u32>,
-    pub bytes: Option<u64>,
-}
-
-impl Rates {
-    pub(crate) fn is_off(&self) -> bool {
-        self.messages.is_none() && self.bytes.is_none()
-    }
-}
+pub(crate) use crate::relay_config::PaceRates as Rates;
 
 /// What fraction of a second's rate the bucket can hold.
 const BURST_SECONDS: f64 = 0.1;
