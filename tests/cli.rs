@@ -1143,19 +1143,19 @@ fn relay_takes_topic_lifetimes_and_a_pace() -> TestResult {
     ]);
     assert_eq!(bad.code, Some(2), "{bad:#?}");
     assert!(bad.stderr.contains("FILTER=SECS"), "{bad:#?}");
-    let relay = RelayProcess::spawn(
-        &db,
-        &broker,
-        "cli-exp",
-        &[
-            "--expire",
-            "cli-exp/old/#=1",
-            "--pace-messages",
-            "100",
-            "--pace-bytes",
-            "100000",
-        ],
-    )?;
+    let mut args = vec![
+        "--expire",
+        "cli-exp/old/#=1",
+        "--pace-messages",
+        "100",
+        "--pace-bytes",
+        "100000",
+    ];
+    if broker.kind() == support::BrokerKind::Rumqttd {
+        // Its 3.1.1 listener (this test's subscriber) crashes on MQTT 5 properties.
+        args.push("--no-message-expiry");
+    }
+    let relay = RelayProcess::spawn(&db, &broker, "cli-exp", &args)?;
     assert!(
         support::wait_until(|| outbox
             .stats()

@@ -19,7 +19,7 @@ use edge_outbox::{Message, Outbox, Relay};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::Packet;
 use rumqttc::v5::{Client, Event, MqttOptions};
-use support::device::relay_config;
+use support::device::{relay_config, relay_config_for};
 use support::{Broker, BrokerKind, Subscriber, WAIT, wait_until};
 
 #[test]
@@ -39,7 +39,7 @@ fn a_topic_lifetime_removes_stale_messages_and_announces_them() -> TestResult {
     })?;
     std::thread::sleep(Duration::from_millis(300));
     let config =
-        relay_config(broker.addr(), "exp-device").expire_after("exp/telemetry/#", Duration::from_millis(200));
+        relay_config_for(&broker, "exp-device").expire_after("exp/telemetry/#", Duration::from_millis(200));
     let relay = Relay::start(&outbox, config)?;
     assert!(
         wait_until(|| outbox
@@ -154,7 +154,7 @@ fn a_message_that_expires_while_it_waits_its_turn_is_not_published() -> TestResu
         }
         Ok::<_, edge_outbox::Error>(())
     })?;
-    let _relay = Relay::start(&outbox, relay_config(broker.addr(), "expq").pace_messages(5))?;
+    let _relay = Relay::start(&outbox, relay_config_for(&broker, "expq").pace_messages(5))?;
     assert!(
         wait_until(|| outbox
             .stats()
@@ -185,5 +185,34 @@ fn a_message_that_expires_while_it_waits_its_turn_is_not_published() -> TestResu
         "every reading delivered or announced expired"
     );
     assert_eq!(report.totals.unexplained, 0);
+    Ok(())
+}
+
+/// `MqttConfig::message_expiry(false)` (for rumqttd 0.20 with 3.1.1 subscribers) sends no expiry
+/// interval, and the message still goes out.
+#[test]
+#[cfg_attr(
+    eo_skip_mosquitto,
+    ignore = "needs mosquitto: none installed, or EDGE_OUTBOX_SKIP=mosquitto (the build warning says which)"
+)]
+fn message_expiry_off_sends_no_interval() -> TestResult {
+    let broker = Broker::builder().kind(BrokerKind::Mosquitto).start()?;
+    let (_dir, db) = temp_db()?;
+    let outbox = Outbox::open(&db)?;
+    let mut relay = None;
+    let got = expiry_intervals(broker.addr(), 1, || {
+        outbox
+            .transaction(|tx| {
+                tx.send(&Message::new("exp5/off", "o", &1u64)?.expires_after(Duration::from_secs(600)))
+            })
+            .expect("commit");
+        let mqtt = relay_config(broker.addr(), "exp5-off")
+            .mqtt()
+            .clone()
+            .message_expiry(false);
+        relay = Some(Relay::start(&outbox, edge_outbox::RelayConfig::new(mqtt)).expect("relay"));
+    })?;
+    assert_eq!(got, vec![None]);
+    drop(relay);
     Ok(())
 }

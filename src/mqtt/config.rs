@@ -68,6 +68,7 @@ impl std::str::FromStr for Protocol {
 /// | [`tls`](Self::tls) | none: plain TCP |
 /// | [`status_topic`](Self::status_topic) | none |
 /// | [`topic_aliases`](Self::topic_aliases) | off |
+/// | [`message_expiry`](Self::message_expiry) | on |
 /// | [`failover`](Self::failover) | none: one broker |
 ///
 /// `Debug` never shows the password.
@@ -95,6 +96,7 @@ pub struct MqttConfig {
     tls: Option<TlsConfig>,
     status_topic: Option<String>,
     topic_aliases: bool,
+    message_expiry: bool,
     /// More brokers, tried in turn after this one (`host`, `port`).
     failover: Vec<(String, u16)>,
 }
@@ -114,6 +116,7 @@ impl fmt::Debug for MqttConfig {
             .field("tls", &self.tls)
             .field("status_topic", &self.status_topic)
             .field("topic_aliases", &self.topic_aliases)
+            .field("message_expiry", &self.message_expiry)
             .field("failover", &self.failover)
             .finish()
     }
@@ -137,6 +140,7 @@ impl MqttConfig {
             tls: None,
             status_topic: None,
             topic_aliases: false,
+            message_expiry: true,
             failover: Vec::new(),
         }
     }
@@ -267,6 +271,18 @@ impl MqttConfig {
         self
     }
 
+    /// Under MQTT 5, publish a message that has a lifetime
+    /// ([`Message::expires_after`](crate::Message::expires_after),
+    /// [`RelayConfig::expire_after`](crate::RelayConfig::expire_after)) with the message expiry
+    /// interval set to what is left of it, so the broker drops it too once it is stale (default
+    /// on). Turn it off for rumqttd 0.20 when any MQTT 3.1.1 client subscribes to these topics:
+    /// its 3.1.1 listener crashes on a publish that carries MQTT 5 properties. The relay never
+    /// publishes an expired message either way.
+    pub fn message_expiry(mut self, on: bool) -> Self {
+        self.message_expiry = on;
+        self
+    }
+
     /// Adds a broker to try when the current one fails: the nodes of a cluster, or a standby.
     /// The sessions try the brokers in turn, the next one after each failed attempt or lost
     /// connection, with the usual [backoff](crate::RelayConfig::reconnect_backoff) between
@@ -320,6 +336,11 @@ impl MqttConfig {
     /// Whether topic aliases are on.
     pub fn uses_topic_aliases(&self) -> bool {
         self.topic_aliases
+    }
+
+    /// Whether publishes carry the message expiry interval (MQTT 5).
+    pub fn sends_message_expiry(&self) -> bool {
+        self.message_expiry
     }
 
     /// The username, if credentials are set (the password has no getter).

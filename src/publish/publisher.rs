@@ -714,7 +714,10 @@ impl Publisher {
             let Publish { row, members } = publish;
             let Some(live) = &mut s.live else { return };
             let alias = live.aliases.for_topic(&row.topic);
-            let expiry = row.expires_at.map(seconds_left);
+            let expiry = row
+                .expires_at
+                .filter(|_| self.config.mqtt.sends_message_expiry())
+                .map(seconds_left);
             match live
                 .client
                 .try_publish(&row.topic, QoS::AtLeastOnce, false, row.envelope, alias, expiry)

@@ -36,6 +36,9 @@ impl DeviceEnv {
     /// Set: every order goes on one topic, `orders/batched`, which the relay batches (with
     /// zlib and a short linger), so that batches form whatever the key.
     pub const BATCH: &'static str = "CRASH_DEVICE_BATCH";
+    /// Set: publish without MQTT 5's message expiry interval (against rumqttd 0.20, whose 3.1.1
+    /// listener, the orchestrator's subscriber, crashes on MQTT 5 properties).
+    pub const NO_MESSAGE_EXPIRY: &'static str = "CRASH_DEVICE_NO_MESSAGE_EXPIRY";
 }
 
 /// With [`DeviceEnv::LANES`]: the key whose orders are latest values (the older ones unpublished
@@ -124,7 +127,8 @@ pub fn run() -> Result<(), Error> {
     let mqtt = MqttConfig::new(host, port)
         .client_id(CLIENT_ID)
         .keep_alive(Duration::from_secs(5))
-        .connect_timeout(Duration::from_secs(2));
+        .connect_timeout(Duration::from_secs(2))
+        .message_expiry(var(DeviceEnv::NO_MESSAGE_EXPIRY).is_none());
     let lanes = var(DeviceEnv::LANES).is_some();
     let mut config = RelayConfig::new(mqtt);
     if lanes {

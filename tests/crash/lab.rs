@@ -42,6 +42,12 @@ pub struct Lab {
 
 impl Lab {
     pub fn new(broker: Broker, via_proxy: bool, orders: u64) -> Lab {
+        // rumqttd 0.20's 3.1.1 listener (the subscriber here) crashes on MQTT 5 properties.
+        let env = if broker.kind() == super::support::BrokerKind::Rumqttd {
+            vec![(DeviceEnv::NO_MESSAGE_EXPIRY, "1".to_owned())]
+        } else {
+            Vec::new()
+        };
         let proxy = via_proxy.then(|| Proxy::start(broker.addr()).expect("proxy"));
         // A persistent consumer session: it keeps what the broker queued across a broker restart.
         let sub = Subscriber::builder(broker.addr())
@@ -68,7 +74,7 @@ impl Lab {
             _dir: dir,
             db,
             orders,
-            env: Vec::new(),
+            env,
             commands: Vec::new(),
             next_command: 1,
             allow_broker_loss: false,

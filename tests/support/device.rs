@@ -8,13 +8,26 @@ use edge_outbox::{MessageId, MqttConfig, Outbox, RelayConfig};
 
 /// Relay settings for tests: fast reconnects, a short keep-alive and connect timeout.
 pub fn relay_config(addr: SocketAddr, client_id: &str) -> RelayConfig {
-    RelayConfig::new(
-        MqttConfig::new(addr.ip().to_string(), addr.port())
-            .client_id(client_id)
-            .keep_alive(Duration::from_secs(5))
-            .connect_timeout(Duration::from_secs(2)),
-    )
-    .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(250))
+    tuned(mqtt_config(addr, client_id))
+}
+
+/// [`relay_config`] for `broker` and the suite's MQTT 3.1.1 subscribers: rumqttd 0.20's 3.1.1
+/// listener crashes on a publish carrying MQTT 5 properties, so against it the relay sends no
+/// message expiry interval (`MqttConfig::message_expiry`). Other brokers get [`relay_config`].
+pub fn relay_config_for(broker: &super::Broker, client_id: &str) -> RelayConfig {
+    let rumqttd = broker.kind() == super::BrokerKind::Rumqttd;
+    tuned(mqtt_config(broker.addr(), client_id).message_expiry(!rumqttd))
+}
+
+fn mqtt_config(addr: SocketAddr, client_id: &str) -> MqttConfig {
+    MqttConfig::new(addr.ip().to_string(), addr.port())
+        .client_id(client_id)
+        .keep_alive(Duration::from_secs(5))
+        .connect_timeout(Duration::from_secs(2))
+}
+
+fn tuned(mqtt: MqttConfig) -> RelayConfig {
+    RelayConfig::new(mqtt).reconnect_backoff(Duration::from_millis(20), Duration::from_millis(250))
 }
 
 /// Opens a store in `dir` with an `orders` business table.

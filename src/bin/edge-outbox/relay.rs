@@ -103,6 +103,10 @@ pub struct RelayArgs {
     /// MqttConfig::topic_aliases for the brokers that mishandle them).
     #[arg(long)]
     pub topic_aliases: bool,
+    /// Do not send MQTT 5's message expiry interval with messages that have a lifetime (for
+    /// rumqttd 0.20 with MQTT 3.1.1 subscribers, whose listener crashes on MQTT 5 properties).
+    #[arg(long)]
+    pub no_message_expiry: bool,
     /// Keep the store's and the relay's metrics in this file, in the Prometheus text format
     /// (for node_exporter's textfile collector: a `*.prom` file in its directory); rewritten
     /// atomically when something changes, at least every 30 s; removed at exit.
@@ -223,7 +227,8 @@ fn config(args: &RelayArgs) -> Result<RelayConfig> {
         .broker
         .mqtt(client_auth)?
         .client_id(&args.client_id)
-        .topic_aliases(args.topic_aliases);
+        .topic_aliases(args.topic_aliases)
+        .message_expiry(!args.no_message_expiry);
     if let Some(topic) = &args.status_topic {
         mqtt = mqtt.status_topic(topic);
     }
