@@ -43,13 +43,24 @@ impl Lanes {
         self.queues.iter().rev().find_map(VecDeque::front)
     }
 
-    /// Takes the rows of the lane served next whose expiry (Unix ms) is at or before `now` into
-    /// `expired`; whether there were any.
-    pub(crate) fn drop_expired(&mut self, now: i64, expired: &mut Vec<i64>) -> bool {
+    /// Takes the rows whose expiry (Unix ms) is at or before `now` into `expired`, from the head
+    /// of the lane served next (one row goes next) or, with `whole`, from all of it (a batch may
+    /// take any of them); whether there were any.
+    pub(crate) fn drop_expired(&mut self, now: i64, whole: bool, expired: &mut Vec<i64>) -> bool {
         let Some((_, queue)) = self.front_lane() else {
             return false;
         };
-        if !queue.iter().any(|r| r.expires_at.is_some_and(|t| t <= now)) {
+        let is_expired = |r: &Ready| r.expires_at.is_some_and(|t| t <= now);
+        if !whole {
+            let before = expired.len();
+            while queue.front().is_some_and(is_expired) {
+                if let Some(row) = queue.pop_front() {
+                    expired.push(row.seq);
+                }
+            }
+            return expired.len() > before;
+        }
+        if !queue.iter().any(is_expired) {
             return false;
         }
         queue.retain(|r| {
@@ -100,9 +111,16 @@ mod tests {
         lanes.lane(2).push_back(row(6));
         lanes.lane(0).push_back(row(1));
         let mut expired = Vec::new();
-        assert!(!lanes.drop_expired(99, &mut expired));
-        assert!(lanes.drop_expired(100, &mut expired));
+        assert!(!lanes.drop_expired(99, false, &mut expired));
+        assert!(lanes.drop_expired(100, false, &mut expired));
         assert_eq!(expired, vec![5]);
         assert_eq!(lanes.front().map(|r| r.seq), Some(6));
+        // Behind the head: only a whole-lane check (for a batch) takes it.
+        let mut r = row(7);
+        r.expires_at = Some(100);
+        lanes.lane(2).push_back(r);
+        assert!(!lanes.drop_expired(100, false, &mut expired));
+        assert!(lanes.drop_expired(100, true, &mut expired));
+        assert_eq!(expired, vec![5, 7]);
     }
 }

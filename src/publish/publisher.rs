@@ -658,7 +658,9 @@ impl Publisher {
             }
             // Rows that expired while they waited here (a pace, a full window) are never
             // published late: the next read removes them and records their gaps.
-            if s.ready.drop_expired(crate::time::now_ms(), &mut s.expired) {
+            // Only the head is checked for a row that goes alone: no scan per publish.
+            let whole = !self.config.batching.is_empty();
+            if s.ready.drop_expired(crate::time::now_ms(), whole, &mut s.expired) {
                 s.at_end = false;
                 s.check_lanes = true;
                 continue;
