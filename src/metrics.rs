@@ -216,6 +216,12 @@ fn relay_metrics(r: &mut Registry, rep: &RelayReport) {
         "Syncs of the WAL file by the relay's durability barrier",
         rep.wal_syncs,
     );
+    counter(
+        r,
+        "relay_database_steps",
+        "SQLite virtual-machine steps run by the relay's publishing side: flat per published message however long the backlog",
+        rep.database_steps,
+    );
     if let Some(bytes) = rep.process_write_bytes {
         counter(
             r,

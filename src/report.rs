@@ -134,6 +134,9 @@ pub struct RelayReport {
     /// counted).
     #[serde(default)]
     pub wal_syncs: u64,
+    /// SQLite virtual-machine steps the publishing side ran (see `Status::database_steps`).
+    #[serde(default)]
+    pub database_steps: u64,
     /// Bytes this process caused to be written to storage since it started (Linux
     /// `/proc/self/io` `write_bytes`), if known.
     #[serde(default)]
@@ -256,6 +259,7 @@ pub(crate) fn report(id: &Identity, s: &crate::Status, wal_syncs: u64) -> RelayR
         ack_latency_buckets: s.ack_latency.buckets.clone(),
         ack_latency_sum_micros: s.ack_latency.sum_micros,
         wal_syncs,
+        database_steps: s.database_steps,
         process_write_bytes: process_write_bytes(),
     }
 }

@@ -90,6 +90,11 @@ pub struct Status {
     pub commands_retained_ignored: u64,
     /// How long PUBACKs took since start: from a message going on the wire to its PUBACK.
     pub ack_latency: AckLatency,
+    /// SQLite virtual-machine steps the publishing side ran since start (the publisher's reads,
+    /// claims, gap notices and cleanup, and the marker's marks), counted by SQLite itself. Their
+    /// work: per published message it stays flat however long the backlog, so a figure that grows
+    /// with the backlog is a query that lost its index.
+    pub database_steps: u64,
     /// The store's counters.
     pub store: Stats,
 }
@@ -154,6 +159,7 @@ pub(crate) struct StatusCell {
     ack_buckets: [AtomicU64; ACK_BOUNDS_US.len()],
     ack_sum_us: AtomicU64,
     wal_syncs: AtomicU64,
+    database_steps: AtomicU64,
     /// Something changed since the reporter last looked (see [`StatusCell::changes`]).
     dirty: AtomicBool,
     changed: OnceLock<Sender<()>>,
@@ -387,6 +393,11 @@ impl StatusCell {
         self.wal_syncs.load(Relaxed)
     }
 
+    /// SQLite ran `n` more virtual-machine steps on one of the publishing side's connections.
+    pub(crate) fn on_database_steps(&self, n: u64) {
+        self.database_steps.fetch_add(n, Relaxed);
+    }
+
     pub(crate) fn set_applying(&self, command: Option<MessageId>) {
         *self.applying.lock().unwrap_or_else(PoisonError::into_inner) =
             command.map(|id| (id, Instant::now()));
@@ -462,6 +473,7 @@ impl StatusCell {
                     sum_micros: self.ack_sum_us.load(Relaxed),
                 }
             },
+            database_steps: self.database_steps.load(Relaxed),
             store,
         }
     }

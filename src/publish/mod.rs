@@ -11,7 +11,9 @@ mod marker;
 pub(crate) mod pacing;
 mod publisher;
 mod rows;
+mod work;
 
 pub(crate) use durability::{Barrier, wal_path};
 pub(crate) use marker::{Marker, Marks};
 pub(crate) use publisher::Publisher;
+pub(crate) use work::count_steps;

@@ -18,7 +18,7 @@ use crate::mqtt::driver::{Driver, Flow, SessionHandle, Signal};
 pub use crate::mqtt::status::Status;
 use crate::mqtt::status::StatusCell;
 use crate::mqtt::{Role, SessionOptions};
-use crate::publish::{Barrier, Marker, Marks, Publisher, wal_path};
+use crate::publish::{Barrier, Marker, Marks, Publisher, count_steps, wal_path};
 use crate::relay_config::RelayConfig;
 use crate::report::Identity;
 use crate::store::relay_lock::RelayLock;
@@ -166,6 +166,8 @@ impl Relay {
 
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
         let status = Arc::new(StatusCell::default());
+        count_steps(&relay_conn, &status);
+        count_steps(&marker_conn, &status);
         let mut relay = Relay {
             stop: Some(stop_tx),
             threads: Vec::new(),
