@@ -5,7 +5,9 @@
 //!   seen the drain start, one alarm (priority 3) is committed and timed from the `transaction`
 //!   call to its arrival at a subscriber of the alarm topic. Printed with the part of it the
 //!   commit took, and how much of the backlog was still pending then (the alarm did not wait for
-//!   it).
+//!   it). Beside it, the drain's rate while the alarm waited (rows acknowledged from its commit to
+//!   its arrival), and the whole backlog's drain time and rate, from `Relay::start` to an empty
+//!   outbox: an alarm that overtakes a drain which has slowed to a crawl proves nothing.
 //! - **Paced replay**: `EDGE_OUTBOX_BENCH_PACED` (default 1,000) messages drained with
 //!   `pace_messages(200)`, then with `pace_bytes(20,000)`; the achieved rate is measured at the
 //!   subscriber from the first arrival to the last, against the set rate (target within 10%).
@@ -26,9 +28,20 @@ use support::Subscriber;
 
 const WAIT: Duration = Duration::from_secs(600);
 
-/// The alarm's time from the `transaction` call to arrival, the part of it the commit took, and
-/// the telemetry rows still pending when it arrived.
-fn alarm_behind_backlog(port: u16, backlog: u64) -> BoxResult<(f64, f64, u64)> {
+/// What the alarm behind a backlog measured.
+struct AlarmRun {
+    /// From the alarm's `transaction` call to its arrival, and the commit's part of it.
+    alarm_ms: f64,
+    commit_ms: f64,
+    /// Telemetry rows still pending when it arrived.
+    pending: u64,
+    /// Rows acknowledged per second while the alarm waited.
+    rate_during_alarm: f64,
+    /// The whole backlog, from `Relay::start` to an empty outbox.
+    drain_secs: f64,
+}
+
+fn alarm_behind_backlog(port: u16, backlog: u64) -> BoxResult<AlarmRun> {
     let base = common::bench_dir()?;
     let dir = tempfile::Builder::new().prefix("metered-").tempdir_in(&base)?;
     let outbox = Outbox::open(dir.path().join("outbox.db"))?;
@@ -54,20 +67,37 @@ fn alarm_behind_backlog(port: u16, backlog: u64) -> BoxResult<(f64, f64, u64)> {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let telemetry = Subscriber::start(addr, "metered/telemetry")?;
     let alarms = Subscriber::start(addr, "metered/alarms")?;
+    let started = Instant::now();
     let relay = Relay::start(&outbox, mqtt::relay_config("bench-metered", port, 100))?;
     if !telemetry.wait_for(1_000, WAIT) {
         return Err("the drain did not start".into());
     }
+    let acked_before = relay.status()?.acknowledged;
     let sent = Instant::now();
     outbox.transaction(|tx| tx.send(&Message::new("metered/alarms", "door-1", "open")?.priority(3)))?;
     let commit_ms = sent.elapsed().as_secs_f64() * 1000.0;
     if !alarms.wait_for(1, WAIT) {
         return Err("the alarm did not arrive".into());
     }
-    let ms = sent.elapsed().as_secs_f64() * 1000.0;
-    let pending = outbox.stats()?.pending_messages;
+    let waited = sent.elapsed();
+    let status = relay.status()?;
+    let rate_during_alarm = status.acknowledged.saturating_sub(acked_before) as f64 / waited.as_secs_f64();
+    let pending = status.store.pending_messages;
+    while relay.status()?.store.pending_messages > 0 {
+        if started.elapsed() > WAIT {
+            return Err("the backlog did not drain".into());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let drain_secs = started.elapsed().as_secs_f64();
     relay.shutdown()?;
-    Ok((ms, commit_ms, pending))
+    Ok(AlarmRun {
+        alarm_ms: waited.as_secs_f64() * 1000.0,
+        commit_ms,
+        pending,
+        rate_during_alarm,
+        drain_secs,
+    })
 }
 
 /// Drains `n` messages through a relay with `pace`, and returns the achieved rate in messages
@@ -119,15 +149,27 @@ fn main() -> BoxResult<()> {
         mqtt::protocol().as_str()
     );
 
-    let (alarm_ms, commit_ms, pending) = alarm_behind_backlog(port, backlog)?;
-    println!("alarm arrived with {pending} of {backlog} telemetry rows still pending");
+    let alarm = alarm_behind_backlog(port, backlog)?;
+    println!(
+        "alarm arrived with {} of {backlog} telemetry rows still pending; the backlog drained in {:.1} s",
+        alarm.pending, alarm.drain_secs
+    );
 
     let (rate, _) = paced(port, n, "bench-paced-msgs", |c| c.pace_messages(200))?;
     let (_, byte_rate) = paced(port, n, "bench-paced-bytes", |c| c.pace_bytes(20_000))?;
 
-    println!("bench: alarm_behind_backlog_ms {alarm_ms:.1}");
-    println!("bench: alarm_commit_ms {commit_ms:.1}");
-    println!("bench: alarm_backlog_pending {pending}");
+    println!("bench: alarm_behind_backlog_ms {:.1}", alarm.alarm_ms);
+    println!("bench: alarm_commit_ms {:.1}", alarm.commit_ms);
+    println!("bench: alarm_backlog_pending {}", alarm.pending);
+    println!(
+        "bench: drain_rate_while_alarm_waited {:.0}",
+        alarm.rate_during_alarm
+    );
+    println!("bench: backlog_drain_secs {:.1}", alarm.drain_secs);
+    println!(
+        "bench: backlog_drain_rate {:.0}",
+        backlog as f64 / alarm.drain_secs
+    );
     println!("bench: paced_msgs_per_s {rate:.1} (set 200)");
     println!("bench: paced_msgs_ratio {:.3}", rate / 200.0);
     println!("bench: paced_bytes_per_s {byte_rate:.0} (set 20000)");
