@@ -788,10 +788,42 @@ pub fn to_cbor<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>> {
 }
 
 /// Deserializes exactly one CBOR item (nesting limited, trailing bytes refused).
+///
+/// A whole number fills a float field where the float holds it exactly (`26` for an `f64`, as
+/// JSON and Python's `cbor2` write it); a float never fills an integer field.
+///
+/// ```
+/// let celsius: f64 = edge_outbox::envelope::from_cbor(&edge_outbox::envelope::to_cbor(&26u8)?)?;
+/// assert_eq!(celsius, 26.0);
+/// # Ok::<(), edge_outbox::Error>(())
+/// ```
 pub fn from_cbor<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
     cbor::check_one_item(bytes)?;
-    ciborium::de::from_reader_with_recursion_limit(bytes, cbor::MAX_DEPTH)
-        .map_err(|e| Error::Decode(format!("payload does not match the expected type: {e}")))
+    let native = match ciborium::de::from_reader_with_recursion_limit(bytes, cbor::MAX_DEPTH) {
+        Ok(value) => return Ok(value),
+        Err(e) => e,
+    };
+    // Only on failure: the common case pays for one decode, not two.
+    if let Ok(value) =
+        ciborium::de::from_reader_with_recursion_limit::<ciborium::Value, _>(bytes, cbor::MAX_DEPTH)
+        && let Ok(lenient) = crate::payload_de::deserialize(&value)
+    {
+        return Ok(lenient);
+    }
+    Err(Error::Decode(format!(
+        "payload does not match the expected type: {}",
+        describe(native)
+    )))
+}
+
+/// A decoding error in words, for an operator's eyes (not ciborium's `Debug` form).
+fn describe<E: std::fmt::Display>(e: ciborium::de::Error<E>) -> String {
+    match e {
+        ciborium::de::Error::Semantic(_, why) => why,
+        ciborium::de::Error::Syntax(at) => format!("not valid CBOR at byte {at}"),
+        ciborium::de::Error::Io(e) => e.to_string(),
+        ciborium::de::Error::RecursionLimitExceeded => "nested too deeply".to_owned(),
+    }
 }
 
 #[cfg(test)]

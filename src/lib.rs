@@ -123,6 +123,7 @@ pub mod metrics;
 mod mqtt;
 #[doc(hidden)]
 pub mod mutant;
+mod payload_de;
 mod publish;
 mod relay;
 mod relay_config;
