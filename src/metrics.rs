@@ -236,14 +236,31 @@ fn relay_metrics(r: &mut Registry, rep: &RelayReport) {
         "1 while the relay is in an error (see edge-outbox status)",
         u64::from(rep.last_error.is_some()),
     );
-    let since: Gauge<i64> = Gauge::default();
-    since.set(rep.started_at_ms / 1000);
-    r.register_with_unit(
+    unix_seconds(
+        r,
         "relay_started",
         "When the relay started (Unix time)",
-        Unit::Seconds,
-        since,
+        Some(rep.started_at_ms),
     );
+    unix_seconds(
+        r,
+        "relay_disconnected_since",
+        "Since when the publishing session has been down (Unix time; 0 while connected): alert on time() minus it",
+        rep.disconnected_since_ms,
+    );
+    unix_seconds(
+        r,
+        "relay_last_ack",
+        "When the broker last acknowledged a message (Unix time; 0 before the first): with messages pending, alert on time() minus it",
+        rep.last_ack_ms,
+    );
+}
+
+/// A time as a Prometheus gauge of Unix seconds, 0 for none.
+fn unix_seconds(r: &mut Registry, name: &str, help: &str, ms: Option<i64>) {
+    let g: Gauge<i64> = Gauge::default();
+    g.set(ms.map_or(0, |ms| ms / 1000));
+    r.register_with_unit(name, help, Unit::Seconds, g);
 }
 
 fn gauge(r: &mut Registry, name: &str, help: &str, value: u64) {

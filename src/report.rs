@@ -137,6 +137,13 @@ pub struct RelayReport {
     /// SQLite virtual-machine steps the publishing side ran (see `Status::database_steps`).
     #[serde(default)]
     pub database_steps: u64,
+    /// Since when the publishing session has been down, Unix milliseconds; `None` while connected
+    /// (see `Status::disconnected_since`).
+    #[serde(default)]
+    pub disconnected_since_ms: Option<i64>,
+    /// When the broker last acknowledged a message, Unix milliseconds (see `Status::last_ack_at`).
+    #[serde(default)]
+    pub last_ack_ms: Option<i64>,
     /// Bytes this process caused to be written to storage since it started (Linux
     /// `/proc/self/io` `write_bytes`), if known.
     #[serde(default)]
@@ -260,6 +267,8 @@ pub(crate) fn report(id: &Identity, s: &crate::Status, wal_syncs: u64) -> RelayR
         ack_latency_sum_micros: s.ack_latency.sum_micros,
         wal_syncs,
         database_steps: s.database_steps,
+        disconnected_since_ms: s.disconnected_since.map(unix_ms),
+        last_ack_ms: s.last_ack_at.map(unix_ms),
         process_write_bytes: process_write_bytes(),
     }
 }

@@ -90,6 +90,14 @@ pub struct Status {
     pub commands_retained_ignored: u64,
     /// How long PUBACKs took since start: from a message going on the wire to its PUBACK.
     pub ack_latency: AckLatency,
+    /// Since when the publishing session has been down (the relay's start, or the end of its last
+    /// connection); `None` while it is connected. With [`last_ack_at`](Self::last_ack_at), the
+    /// figure to alert on: it grows with any outage, however the backlog looks (a coalescing
+    /// stream keeps the oldest pending message young).
+    pub disconnected_since: Option<SystemTime>,
+    /// When the broker last acknowledged a message; `None` before the first PUBACK. Messages
+    /// pending and a last PUBACK long ago means publishing is stuck, connected or not.
+    pub last_ack_at: Option<SystemTime>,
     /// SQLite virtual-machine steps the publishing side ran since start (the publisher's reads,
     /// claims, gap notices and cleanup, and the marker's marks), counted by SQLite itself. Their
     /// work: per published message it stays flat however long the backlog, so a figure that grows
@@ -160,6 +168,10 @@ pub(crate) struct StatusCell {
     ack_sum_us: AtomicU64,
     wal_syncs: AtomicU64,
     database_steps: AtomicU64,
+    /// Unix ms; 0: none. Set from [`StatusCell::new`] until the first CONNACK.
+    disconnected_since_ms: AtomicU64,
+    /// Unix ms of the last accepted PUBACK; 0: none yet.
+    last_ack_ms: AtomicU64,
     /// Something changed since the reporter last looked (see [`StatusCell::changes`]).
     dirty: AtomicBool,
     changed: OnceLock<Sender<()>>,
@@ -198,7 +210,25 @@ struct Errors {
     previous: Option<(String, SystemTime, SystemTime)>,
 }
 
+/// Now, in Unix milliseconds (never 0, which the cell reads as "none").
+fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1))
+}
+
+fn from_unix_ms(ms: u64) -> Option<SystemTime> {
+    (ms != 0).then(|| std::time::UNIX_EPOCH + Duration::from_millis(ms))
+}
+
 impl StatusCell {
+    /// The cell of a relay starting now: disconnected since now.
+    pub(crate) fn new() -> StatusCell {
+        let cell = StatusCell::default();
+        cell.disconnected_since_ms.store(unix_ms_now(), Relaxed);
+        cell
+    }
+
     /// Notes a change for the reporter: one wake-up per quiet period, not one per message.
     fn touch(&self) {
         if !self.dirty.load(Relaxed)
@@ -253,6 +283,7 @@ impl StatusCell {
         self.touch();
         self.clear_error(Source::Connection);
         self.connected.store(true, Relaxed);
+        self.disconnected_since_ms.store(0, Relaxed);
         self.in_flight.store(0, Relaxed);
         self.connections.fetch_add(1, Relaxed);
         *self
@@ -268,6 +299,7 @@ impl StatusCell {
         if self.connected.swap(false, Relaxed) {
             self.disconnects.fetch_add(1, Relaxed);
         }
+        self.mark_disconnected();
         self.in_flight.store(0, Relaxed);
         self.set_error(Source::Connection, error);
     }
@@ -275,6 +307,18 @@ impl StatusCell {
     pub(crate) fn set_connected(&self, connected: bool) {
         self.touch();
         self.connected.store(connected, Relaxed);
+        if connected {
+            self.disconnected_since_ms.store(0, Relaxed);
+        } else {
+            self.mark_disconnected();
+        }
+    }
+
+    /// Down from now, unless already down (the outage began earlier).
+    fn mark_disconnected(&self) {
+        let _ = self
+            .disconnected_since_ms
+            .compare_exchange(0, unix_ms_now(), Relaxed, Relaxed);
     }
 
     pub(crate) fn set_commands_connected(&self, connected: bool) {
@@ -307,6 +351,7 @@ impl StatusCell {
             self.ack_sum_us.fetch_add(us, Relaxed);
         }
         self.acknowledged.fetch_add(1, Relaxed);
+        self.last_ack_ms.store(unix_ms_now(), Relaxed);
         self.in_flight.store(in_flight as u64, Relaxed);
     }
 
@@ -473,6 +518,8 @@ impl StatusCell {
                     sum_micros: self.ack_sum_us.load(Relaxed),
                 }
             },
+            disconnected_since: from_unix_ms(self.disconnected_since_ms.load(Relaxed)),
+            last_ack_at: from_unix_ms(self.last_ack_ms.load(Relaxed)),
             database_steps: self.database_steps.load(Relaxed),
             store,
         }

@@ -165,7 +165,7 @@ impl Relay {
         relay_conn.pragma_update(None, "wal_autocheckpoint", 0)?;
 
         let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(0);
-        let status = Arc::new(StatusCell::default());
+        let status = Arc::new(StatusCell::new());
         count_steps(&relay_conn, &status);
         count_steps(&marker_conn, &status);
         let mut relay = Relay {

@@ -9,8 +9,11 @@ use crate::time::age;
 
 /// A snapshot of the store, for dashboards and alerts.
 ///
-/// The single best alert is [`oldest_pending_age`](Stats::oldest_pending_age): it grows when the
-/// broker is unreachable, the relay has stopped, or something blocks the queue.
+/// [`oldest_pending_age`](Stats::oldest_pending_age) grows when the relay has stopped or something
+/// blocks the queue; for an outage, alert on the relay's
+/// [`Status::disconnected_since`](crate::Status::disconnected_since) and
+/// [`Status::last_ack_at`](crate::Status::last_ack_at) too: a coalescing stream keeps the oldest
+/// pending message young however long the broker is away.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Stats {

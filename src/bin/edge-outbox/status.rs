@@ -174,6 +174,21 @@ fn to_text(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
     text
 }
 
+/// The figures that grow with any outage (the oldest pending message need not: a coalescing
+/// stream keeps it young): how long publishing has been down, and the last PUBACK's age.
+fn lag_line(r: &RelayReport) -> String {
+    let ago = |ms: i64| duration(Duration::from_millis(age_ms(ms)));
+    let down = match r.disconnected_since_ms {
+        Some(since) => format!("publishing down for {}", ago(since)),
+        None => "publishing connected".to_owned(),
+    };
+    let ack = match r.last_ack_ms {
+        Some(at) => format!("last PUBACK {} ago", ago(at)),
+        None => "no PUBACK yet".to_owned(),
+    };
+    format!("{down}, {ack}")
+}
+
 fn relay_lines(relay: &Relay) -> Vec<String> {
     let head = match &relay.probe {
         Probe::NotRunning => "relay         not running".to_owned(),
@@ -233,6 +248,7 @@ fn relay_lines(relay: &Relay) -> Vec<String> {
             count(r.connections, "connection")
         ),
     ];
+    lines.push(format!("              {}", lag_line(r)));
     if let Some(filter) = &r.commands {
         lines.push(format!(
             "              commands on {filter}: {}, {} received, {} duplicates, {} malformed, \
