@@ -105,6 +105,8 @@
 //! - `metrics`: [`metrics::encode`], the store's and the relay's figures in the Prometheus text
 //!   format, and [`RelayConfig::metrics_file`] (enabled by `cli`).
 //! - `failpoints`: named crash points for the crash tests; never in production builds.
+//! - `mutants`: deliberately broken builds the tests must catch (`EDGE_OUTBOX_MUTANT`); never in
+//!   production builds.
 
 #![forbid(unsafe_code)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]

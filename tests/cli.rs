@@ -287,6 +287,10 @@ fn inbox_shows_unapplied_commands_and_with_all_the_applied_ones() -> TestResult 
     assert_eq!(text.code, Some(0), "{text:#?}");
     assert!(text.stdout.contains(r#"{"speed":20}"#), "{}", text.stdout);
     assert!(text.stdout.contains("1 shown; 1 unapplied"), "{}", text.stdout);
+    // An applied command's payload is not kept: the table says so rather than `null`.
+    let text = on(&f.db, &["inbox", "--all"]);
+    assert!(text.stdout.contains("(not kept once applied)"), "{}", text.stdout);
+    assert!(!text.stdout.contains("null"), "{}", text.stdout);
     Ok(())
 }
 

@@ -146,7 +146,7 @@ impl Outbox {
 
     /// Runs `f` in one `BEGIN IMMEDIATE` transaction and commits it, then wakes the relay.
     ///
-    /// The closure gets a [`Tx`] that derefs to [`rusqlite::Transaction`] for the application's
+    /// The closure gets a [`Tx`] that derefs to [`rusqlite::Transaction`][transaction] for the application's
     /// own SQL and adds [`Tx::publish`]. Business rows and messages commit together or not at
     /// all: if `f` returns an error or panics, everything it did is rolled back. `IMMEDIATE`
     /// takes the write lock up front, so a transaction that reads before it writes cannot fail
@@ -168,6 +168,8 @@ impl Outbox {
     /// assert_eq!(outbox.stats()?.pending_messages, 1);
     /// # Ok::<(), edge_outbox::Error>(())
     /// ```
+    ///
+    /// [transaction]: https://docs.rs/rusqlite/0.37/rusqlite/struct.Transaction.html
     pub fn transaction<T, E, F>(&self, f: F) -> Result<Committed<T>, E>
     where
         F: FnOnce(&mut Tx<'_>) -> Result<T, E>,

@@ -26,7 +26,9 @@ pub struct Committed<T> {
 }
 
 /// An open write transaction: the application's SQL through [`Deref`] to
-/// [`rusqlite::Transaction`], messages through [`Tx::publish`] and [`Tx::send`].
+/// [`rusqlite::Transaction`][Transaction], messages through [`Tx::publish`] and [`Tx::send`].
+///
+/// [Transaction]: https://docs.rs/rusqlite/0.37/rusqlite/struct.Transaction.html
 pub struct Tx<'c> {
     tx: Transaction<'c>,
     limits: &'c Limits,

@@ -48,7 +48,11 @@ pub fn run(global: &Global, args: &InboxArgs) -> Result<()> {
             text(&c["id"]),
             text(&c["topic"]),
             text(&c["key"]),
-            c["payload"].to_string(),
+            match &c["payload"] {
+                // Dropped at apply unless `Options::keep_applied_payloads`.
+                Json::Null if c["state"] == "applied" => "(not kept once applied)".to_owned(),
+                payload => payload.to_string(),
+            },
         ]);
     }
     let mut out = table.render();
