@@ -15,8 +15,16 @@
 //! part a build error that names it. Only file-system probes run here: nothing is spawned or
 //! fetched. After installing a missing part, `touch build.rs` (or `cargo clean -p edge-outbox`)
 //! makes cargo look again.
+//!
+//! The probes run only in a build with the `failpoints` feature, the test suite's (`cargo test
+//! --all-features`): an application that depends on this crate never enables it, so its builds,
+//! cross builds included, run no probe and print nothing from here. A test run without that
+//! feature ignores nothing: a test whose part is missing fails, naming it.
 
 use std::path::{Path, PathBuf};
+
+/// Every cfg a missing part can set.
+const CFGS: [&str; 4] = ["eo_skip_python", "eo_skip_fuse", "eo_skip_mount", "eo_skip_mosquitto"];
 
 struct Part {
     /// The name `EDGE_OUTBOX_SKIP` uses.
@@ -35,6 +43,12 @@ fn main() {
         "PATH",
     ] {
         println!("cargo::rerun-if-env-changed={var}");
+    }
+    for cfg in CFGS {
+        println!("cargo::rustc-check-cfg=cfg({cfg})");
+    }
+    if std::env::var_os("CARGO_FEATURE_FAILPOINTS").is_none() {
+        return;
     }
     let parts = [
         Part {
@@ -69,7 +83,6 @@ fn main() {
     let require_all = std::env::var("EDGE_OUTBOX_REQUIRE_ALL").is_ok_and(|v| v == "1");
     let mut skipped = Vec::new();
     for part in &parts {
-        println!("cargo::rustc-check-cfg=cfg({})", part.cfg);
         let why = part.missing.clone().or_else(|| {
             asked
                 .iter()
