@@ -24,7 +24,12 @@
 use std::path::{Path, PathBuf};
 
 /// Every cfg a missing part can set.
-const CFGS: [&str; 4] = ["eo_skip_python", "eo_skip_fuse", "eo_skip_mount", "eo_skip_mosquitto"];
+const CFGS: [&str; 4] = [
+    "eo_skip_python",
+    "eo_skip_fuse",
+    "eo_skip_mount",
+    "eo_skip_mosquitto",
+];
 
 struct Part {
     /// The name `EDGE_OUTBOX_SKIP` uses.
