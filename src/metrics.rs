@@ -129,8 +129,14 @@ fn relay_metrics(r: &mut Registry, rep: &RelayReport) {
     counter(
         r,
         "relay_published",
-        "Messages handed to the broker (resends included)",
+        "Outbox messages handed to the broker (resends included; gap notices apart)",
         rep.published,
+    );
+    counter(
+        r,
+        "relay_notices_published",
+        "Gap notices handed to the broker",
+        rep.notices_published,
     );
     counter(
         r,

@@ -85,6 +85,9 @@ pub struct RelayReport {
     /// Messages covered by gap notices the broker acknowledged.
     #[serde(default)]
     pub gaps_announced: u64,
+    /// Gap notices handed to the broker (see `Status::notices_published`).
+    #[serde(default)]
+    pub notices_published: u64,
     /// The broker's maximum packet size from its CONNACK, if it sent one.
     #[serde(default)]
     pub broker_max_packet_size: Option<u32>,
@@ -249,6 +252,7 @@ pub(crate) fn report(id: &Identity, s: &crate::Status, wal_syncs: u64) -> RelayR
         isolated: s.isolated,
         expired: s.expired,
         gaps_announced: s.gaps_announced,
+        notices_published: s.notices_published,
         broker_max_packet_size: s.broker_max_packet_size,
         connections: s.connections,
         disconnects: s.disconnects,

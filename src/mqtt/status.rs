@@ -32,7 +32,8 @@ pub struct Status {
     pub previous_error_span: Option<(SystemTime, SystemTime)>,
     /// Messages handed to the broker and not yet acknowledged.
     pub in_flight: u64,
-    /// Messages handed to the broker since start (resends count again).
+    /// Outbox messages handed to the broker since start (resends count again; each message of a
+    /// batch counts; gap notices do not, see [`notices_published`](Self::notices_published)).
     pub published: u64,
     /// Of those, messages handed over again after a reconnect because their PUBACK had not
     /// arrived (at-least-once at work: each is a possible duplicate downstream).
@@ -53,6 +54,8 @@ pub struct Status {
     /// device removed unpublished (evicted, expired, dead-lettered, purged) is announced to the
     /// cloud this way.
     pub gaps_announced: u64,
+    /// Gap notices handed to the broker since start (each may cover many messages).
+    pub notices_published: u64,
     /// The broker the publishing session is connected to, or last tried (`host:port`, from the
     /// failover list of [`MqttConfig`](crate::MqttConfig)).
     pub broker: Option<String>,
@@ -151,6 +154,7 @@ pub(crate) struct StatusCell {
     isolated: AtomicU64,
     expired: AtomicU64,
     gaps_announced: AtomicU64,
+    notices_published: AtomicU64,
     broker: Mutex<Option<String>>,
     damaged: Mutex<Option<String>>,
     connections: AtomicU64,
@@ -329,6 +333,13 @@ impl StatusCell {
         self.commands_connected.store(connected, Relaxed);
     }
 
+    /// A gap notice went to the broker: in flight, but not an outbox message.
+    pub(crate) fn on_notice_published(&self, in_flight: usize) {
+        self.touch();
+        self.notices_published.fetch_add(1, Relaxed);
+        self.in_flight.store(in_flight as u64, Relaxed);
+    }
+
     pub(crate) fn on_published(&self, in_flight: usize, resend: bool) {
         self.touch();
         self.published.fetch_add(1, Relaxed);
@@ -489,6 +500,7 @@ impl StatusCell {
             isolated: self.isolated.load(Relaxed),
             expired: self.expired.load(Relaxed),
             gaps_announced: self.gaps_announced.load(Relaxed),
+            notices_published: self.notices_published.load(Relaxed),
             broker: self.broker.lock().unwrap_or_else(PoisonError::into_inner).clone(),
             database_damaged: self
                 .damaged

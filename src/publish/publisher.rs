@@ -727,7 +727,7 @@ impl Publisher {
                 Ok(()) => {
                     s.tracker.submit(row.seq);
                     if gaps::is_notice(row.seq) {
-                        self.status.on_published(s.tracker.in_flight(), false);
+                        self.status.on_notice_published(s.tracker.in_flight());
                         continue;
                     }
                     let rows = members.unwrap_or_else(|| vec![row.seq]);

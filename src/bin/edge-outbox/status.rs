@@ -162,7 +162,10 @@ fn to_text(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
                 String::new()
             }
         ),
-        format!("dead letters  {}", c.stats.dead_letters),
+        format!(
+            "dead letters  {} (outgoing and incoming, kept until retried or dropped)",
+            c.stats.dead_letters
+        ),
         format!(
             "inbox         {} unapplied, {} applied (ids kept for deduplication)",
             c.stats.inbox_unapplied, c.stats.inbox_applied
@@ -236,15 +239,17 @@ fn relay_lines(relay: &Relay) -> Vec<String> {
         format!("{head}, {connection}{failover}"),
         format!(
             "              since start: {} in flight, {} published, {} acknowledged, {} dead-lettered \
-             ({} refused by the broker, {} set aside as poison), {} expired, {} announced as gaps, {}",
+             ({} refused by the broker, {} set aside as poison), {} expired, {} announced as gaps \
+             in {}, {}",
             r.in_flight,
-            r.published,
+            count(r.published, "message"),
             r.acknowledged,
             r.dead_lettered,
             r.refused,
             r.isolated,
             r.expired,
             r.gaps_announced,
+            count(r.notices_published, "notice"),
             count(r.connections, "connection")
         ),
     ];
@@ -252,7 +257,7 @@ fn relay_lines(relay: &Relay) -> Vec<String> {
     if let Some(filter) = &r.commands {
         lines.push(format!(
             "              commands on {filter}: {}, {} received, {} duplicates, {} malformed, \
-             {} retained ignored",
+             {} retained ignored; {} applied, {} rejected, {} dead-lettered after their attempts",
             if r.commands_connected {
                 "subscribed"
             } else {
@@ -261,7 +266,10 @@ fn relay_lines(relay: &Relay) -> Vec<String> {
             r.commands_received,
             r.commands_duplicate,
             r.commands_malformed,
-            r.commands_retained_ignored
+            r.commands_retained_ignored,
+            r.commands_applied,
+            r.commands_rejected,
+            r.commands_dead_lettered
         ));
     }
     if let (true, Some(e)) = (r.connected, &r.last_error) {
