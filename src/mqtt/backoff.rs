@@ -79,4 +79,17 @@ mod tests {
         let draws: std::collections::HashSet<_> = (0..20).map(|_| b.next_delay()).collect();
         assert!(draws.len() > 10);
     }
+
+    #[test]
+    fn a_relay_at_its_default_cap_tries_again_within_10_s() {
+        let config = crate::RelayConfig::new(crate::MqttConfig::new("127.0.0.1", 1883));
+        let mut b = Backoff::new(config.backoff_min, config.backoff_max);
+        let waits: Vec<Duration> = (0..40).map(|_| b.next_delay()).collect();
+        let longest = waits.iter().max().copied().unwrap_or_default();
+        assert!(longest <= Duration::from_secs(10), "{longest:?}");
+        assert!(
+            longest >= Duration::from_secs(5),
+            "the cap is reached: {longest:?}"
+        );
+    }
 }
