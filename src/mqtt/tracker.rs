@@ -105,6 +105,15 @@ impl Tracker {
         self.submitted.len() + self.by_pkid.len() + self.parked.len()
     }
 
+    /// Every row handed to rumqttc and not yet acknowledged, in no particular order.
+    pub(crate) fn unacknowledged(&self) -> impl Iterator<Item = Seq> + '_ {
+        self.submitted
+            .iter()
+            .chain(self.by_pkid.values())
+            .chain(self.parked.values())
+            .copied()
+    }
+
     /// Forgets everything: after a disconnect nothing in flight will be acknowledged.
     pub(crate) fn reset(&mut self) {
         self.submitted.clear();

@@ -20,7 +20,7 @@
 //!   `poison_disconnects` strikes in a row the row is dead-lettered as poison, so one bad row
 //!   cannot stop the outbox behind it, and a single transient drop never dead-letters anything.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -114,9 +114,10 @@ struct State {
     epochs: Epochs,
     /// Highest sequence number handed to rumqttc, on any connection.
     highest_submitted: i64,
-    /// Rows up to this number were handed to rumqttc on an earlier connection: handing one over
-    /// again is a resend.
-    resend_through: i64,
+    /// Rows handed to rumqttc on an earlier connection and not acknowledged there: handing one
+    /// over again is a resend (a possible duplicate downstream). Only those: a row that waited
+    /// in a lower lane behind a higher-numbered one was never sent.
+    unacked_at_cut: HashSet<Seq>,
     /// The last read found no more rows; read again only when something may have changed.
     at_end: bool,
     /// Batches in flight: their first row's number (the tracker's) to every row's.
@@ -211,7 +212,7 @@ impl Publisher {
             expired: Vec::new(),
             epochs: Epochs::read(&self.conn)?,
             highest_submitted: 0,
-            resend_through: 0,
+            unacked_at_cut: HashSet::new(),
             at_end: false,
             batches: HashMap::new(),
             linger: None,
@@ -344,8 +345,7 @@ impl Publisher {
         // A clean session: nothing queued for the old connection survives, so resume from the
         // oldest row not yet acknowledged, once every acknowledged row is marked.
         self.marks.sync(&mut s.acked);
-        s.tracker.reset();
-        s.batches.clear();
+        forget_in_flight(s);
         s.ready.clear();
         s.cursor = if crate::mutant::active("skip-resume") {
             [s.highest_submitted; LANES]
@@ -354,7 +354,6 @@ impl Publisher {
         };
         s.lane_end = [false; LANES];
         s.held_back = None;
-        s.resend_through = s.highest_submitted;
         s.gap_cursor = 0;
         s.notices.clear();
         s.held.clear();
@@ -530,8 +529,7 @@ impl Publisher {
         }
         self.strike(s, &cause);
         s.live = None;
-        s.tracker.reset();
-        s.batches.clear();
+        forget_in_flight(s);
         s.ready.clear();
         // Retried on the next connection, whatever the wait was for.
         s.paused_until = None;
@@ -732,8 +730,8 @@ impl Publisher {
                     }
                     let rows = members.unwrap_or_else(|| vec![row.seq]);
                     for &seq in &rows {
-                        self.status
-                            .on_published(s.tracker.in_flight(), seq <= s.resend_through);
+                        let resend = s.unacked_at_cut.remove(&seq);
+                        self.status.on_published(s.tracker.in_flight(), resend);
                         s.highest_submitted = s.highest_submitted.max(seq);
                         if crate::mutant::active("mark-before-puback") {
                             s.acked.push(seq);
@@ -1055,6 +1053,23 @@ fn seconds_left(expires_at: i64) -> u32 {
 }
 
 /// The newest row handed to rumqttc and not yet acknowledged, the rows of batches included.
+/// The connection is gone: nothing in flight on it will be acknowledged. What was in flight is
+/// remembered, so that handing it over again counts as a resend.
+fn forget_in_flight(s: &mut State) {
+    let in_flight: Vec<Seq> = s.tracker.unacknowledged().collect();
+    for seq in in_flight {
+        match s.batches.get(&seq) {
+            Some(members) => s.unacked_at_cut.extend(members),
+            None if gaps::is_notice(seq) => {}
+            None => {
+                s.unacked_at_cut.insert(seq);
+            }
+        }
+    }
+    s.tracker.reset();
+    s.batches.clear();
+}
+
 fn newest_in_flight(s: &State) -> Option<Seq> {
     let batched = s.batches.values().filter_map(|rows| rows.last().copied()).max();
     s.tracker.newest_in_flight().max(batched)
