@@ -1,4 +1,4 @@
-//! Backoff that means it (DESIGN.md, "Learned in the field" 17): the wait between connection
+//! Backoff that means it (docs/reliability.md, "Poison isolation"): the wait between connection
 //! attempts starts again from its minimum only once a connection proved healthy (a PUBACK came, or
 //! it held for one keep-alive), never on CONNACK alone. A broker that accepts CONNECT and drops
 //! the connection at once used to be hammered about 13 times a second forever; now it is retried

@@ -1,4 +1,4 @@
-//! Cleanup on a time budget, not only when idle (DESIGN.md, "Learned in the field" 20): a device
+//! Cleanup on a time budget, not only when idle (docs/reliability.md, "Cleanup under load"): a device
 //! that never catches up must still prune its retained sent rows and give free pages back, or its
 //! file grows without bound. The relay used to prune only when it had nothing to do.
 //!

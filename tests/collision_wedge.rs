@@ -1,4 +1,4 @@
-//! The rumqttc collision wedge (DESIGN.md, "Learned in the field" 16; rumqtt issue 1014).
+//! The rumqttc collision wedge (docs/reliability.md, "The collision wedge"; rumqtt issue 1014).
 //!
 //! rumqttc 0.25 hands out packet ids 1..=window and reuses one as soon as it is acknowledged. When
 //! the broker acknowledges out of order with the window full, the next publish wants an id still

@@ -1,4 +1,4 @@
-//! Poison isolation (DESIGN.md, "Learned in the field" 17): a row the broker answers by closing
+//! Poison isolation (docs/reliability.md, "Poison isolation"): a row the broker answers by closing
 //! the connection (or never acknowledges) is the oldest unacknowledged row on every reconnect,
 //! and used to stop the whole outbox behind it. Now a row that is the oldest unacknowledged one
 //! on the wire when `poison_disconnects` (default 3) connections in a row end is set aside to the

@@ -904,7 +904,7 @@ fn start_relay_child(
     Ok(child)
 }
 
-/// DESIGN.md, "Learned in the field" 18: durable before published, whoever wrote it. The relay
+/// Durable before published, whoever wrote it (docs/reliability.md). The relay
 /// runs in its own process on a store opened with FULL; the writer is another process that
 /// commits under NORMAL. Both are killed, the power is cut, and everything the subscriber
 /// received must still be in the store. Without the relay's WAL sync, a NORMAL commit the relay

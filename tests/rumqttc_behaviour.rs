@@ -1,6 +1,6 @@
 //! What the relay relies on in rumqttc, one test per behaviour, so that an upgrade that changes
 //! one fails here instead of losing messages. rumqttc is pinned to `=0.25.1` in Cargo.toml; bump
-//! it only with these passing (and read DESIGN.md's "rumqttc facts" again).
+//! it only with these passing (and read docs/reliability.md, "What the relay relies on in rumqttc", again).
 //!
 //! Each test drives a bare rumqttc client (3.1.1 and 5) against a broker, through the
 //! MQTT-aware proxy where the broker must misbehave. These tests are about the client, so they

@@ -207,7 +207,7 @@ impl SessionOptions {
 
     /// A new client and connection: nothing of an earlier connection's state survives, in
     /// particular not a packet-id collision (rumqttc keeps it across reconnects, which stops
-    /// publishing for good: DESIGN.md, "Learned in the field", 16).
+    /// publishing for good: docs/reliability.md, "The collision wedge").
     /// `at` picks the broker (wrapping around the list).
     pub(crate) fn open(&self, at: usize) -> (MqttClient, Connection) {
         // `new` built one set of options per broker, and a config has at least one.
