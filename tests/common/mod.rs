@@ -88,3 +88,25 @@ pub fn from_hex(hex: &str) -> TestResult<Vec<u8>> {
         .map(|i| Ok(u8::from_str_radix(&hex[i..i + 2], 16)?))
         .collect()
 }
+
+/// Runs `body` on a thread of its own and waits at most `limit` for it: a test whose broken
+/// build would deadlock (a mutex, a lock waited on by its own holder) fails instead of hanging
+/// the suite. A body still running at the limit is left behind, and the test fails.
+pub fn within<F>(limit: Duration, body: F) -> TestResult
+where
+    F: FnOnce() -> TestResult + Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        // The error as text: a boxed error need not cross threads.
+        let _ = tx.send(body().map_err(|e| e.to_string()));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(result) => result.map_err(Into::into),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            Err(format!("still running after {limit:?}: a deadlock?").into())
+        }
+        // The body panicked: its message is already printed.
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err("the test body panicked".into()),
+    }
+}
