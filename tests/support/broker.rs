@@ -9,7 +9,10 @@
 //! drop when the test panicked), and both can be killed, stopped and restarted on the same ports.
 //! mosquitto with a generated config; rumqttd as `edge-outbox broker` (a hidden command of this
 //! crate's CLI, built by `cargo test --all-features`), which exits when its stdin closes, so it
-//! dies with the test process however that ends. Differences a test must allow for:
+//! dies with the test process however that ends. mosquitto has no such lifeline of its own: a
+//! watcher (`sh`) beside it waits on a pipe from the test process and kills it when that pipe
+//! closes, so a test binary that is SIGKILLed leaves no broker behind either. Differences a
+//! test must allow for:
 //! rumqttd keeps sessions in memory only ([`Broker::keeps_sessions`]), and its TLS listener is
 //! mutual TLS only.
 //!
@@ -226,6 +229,9 @@ struct BrokerProcess {
     dir: tempfile::TempDir,
     /// mosquitto's log file; rumqttd logs to its stderr, kept in `stderr.log`.
     log: PathBuf,
+    /// mosquitto's watcher (see the module docs). Before `child`: it is dropped, killed, first,
+    /// so it can never kill a pid that was reaped and reused.
+    lifeline: Option<ChildGuard>,
     child: Option<ChildGuard>,
 }
 
@@ -308,6 +314,7 @@ impl Broker {
     /// SIGKILL: the broker dies at once, like a crash or a power cut. Clients see their
     /// connections reset. Killing a stopped broker is a no-op.
     pub fn kill(&mut self) -> io::Result<()> {
+        drop(self.process.lifeline.take());
         if let Some(mut child) = self.process.child.take() {
             child.kill()?;
             child.wait()?;
@@ -319,6 +326,7 @@ impl Broker {
     /// its persistence); rumqttd sees its stdin close and exits. Killed if it takes longer than
     /// 5 s. Stopping a stopped broker is a no-op.
     pub fn stop(&mut self) -> io::Result<()> {
+        drop(self.process.lifeline.take());
         let Some(mut child) = self.process.child.take() else {
             return Ok(());
         };
@@ -409,6 +417,7 @@ impl Broker {
             builder: b,
             dir,
             log,
+            lifeline: None,
             child: None,
         };
         let mut last = None;
@@ -455,6 +464,7 @@ impl fmt::Debug for Broker {
 
 impl Drop for Broker {
     fn drop(&mut self) {
+        drop(self.process.lifeline.take());
         if let Some(mut child) = self.process.child.take() {
             child.kill_and_wait();
         }
@@ -622,6 +632,9 @@ impl BrokerProcess {
         }
         match ready {
             Ok(()) => {
+                if kind == BrokerKind::Mosquitto {
+                    self.lifeline = Some(lifeline(child.id())?);
+                }
                 self.child = Some(child);
                 Ok(())
             }
@@ -636,6 +649,19 @@ impl BrokerProcess {
             }
         }
     }
+}
+
+/// A watcher that kills `pid` (SIGKILL) once its stdin reaches end of file: when this process
+/// ends, however it ends, the pipe's write end held here closes.
+fn lifeline(pid: u32) -> io::Result<ChildGuard> {
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(format!("read _ignored; kill -9 {pid}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    Ok(ChildGuard::new(child))
 }
 
 /// Free loopback ports, one per `true`, all different: the probes are held together, then
