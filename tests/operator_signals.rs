@@ -74,3 +74,59 @@ fn the_first_failure_is_a_warning_with_its_cause_and_repeats_are_not_repeated() 
         .unwrap_or_default();
     assert!(recovered.contains("INFO"), "{recovered}");
 }
+
+#[test]
+fn the_command_session_reports_its_outage_and_its_recovery_the_same_way() {
+    let broker = Broker::start().expect("broker");
+    let proxy = Proxy::start(broker.addr()).expect("proxy");
+    proxy.refuse(true);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stderr = dir.path().join("relay.stderr");
+    let child = Command::new(env!("CARGO_BIN_EXE_edge-outbox"))
+        .args([
+            "relay",
+            "--client-id",
+            "signals-cmd",
+            "--commands",
+            "signals/commands/#",
+            "--db",
+        ])
+        .arg(dir.path().join("device.db"))
+        .args(["--broker", &format!("mqtt://{}", proxy.addr())])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(File::create(&stderr).expect("stderr file"))
+        .spawn()
+        .expect("relay");
+    let _relay = ChildGuard::new(child);
+
+    let session =
+        |l: &str| l.contains("session=\"command session\"") || l.contains("session=command session");
+    // Both sessions try, several times each.
+    assert!(proxy.wait_accepted(8, WAIT), "the sessions keep trying");
+    let log = wait_log(&stderr, "the command session's first failure", |l| {
+        l.lines().any(|l| session(l) && l.contains("cannot connect"))
+    });
+    let failures: Vec<&str> = log
+        .lines()
+        .filter(|l| session(l) && l.contains("cannot connect"))
+        .collect();
+    assert_eq!(failures.len(), 1, "one WARN for a repeated failure:\n{log}");
+    assert!(
+        failures[0].contains("WARN") && failures[0].contains("cause="),
+        "{}",
+        failures[0]
+    );
+
+    proxy.refuse(false);
+    // A granted SUBACK proves the command session healthy.
+    let log = wait_log(&stderr, "the command session's recovery", |l| {
+        l.lines()
+            .any(|l| session(l) && l.contains("connected again after"))
+    });
+    let recovered = log
+        .lines()
+        .find(|l| session(l) && l.contains("connected again after"))
+        .unwrap_or_default();
+    assert!(recovered.contains("INFO"), "{recovered}");
+}
