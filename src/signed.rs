@@ -106,6 +106,32 @@ impl TrustedKeys {
         self
     }
 
+    /// The key ids trusted, in the order they were added.
+    pub fn key_ids(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(|(id, _)| id.as_str())
+    }
+
+    /// The policy a file stores for these keys (keys ordered by id, so equal sets compare equal).
+    pub(crate) fn to_policy(&self) -> crate::store::trust::Policy {
+        let mut keys = self.keys.clone();
+        keys.sort();
+        crate::store::trust::Policy {
+            keys,
+            max_age: self.max_age,
+            clock_skew: self.clock_skew,
+            required_since: crate::time::now_ms(),
+        }
+    }
+
+    /// The keys and window a file's policy holds.
+    pub(crate) fn from_policy(policy: &crate::store::trust::Policy) -> Self {
+        TrustedKeys {
+            keys: policy.keys.clone(),
+            max_age: policy.max_age,
+            clock_skew: policy.clock_skew,
+        }
+    }
+
     pub(crate) fn validate(&self, inbox_retention: Duration) -> Result<()> {
         if self.keys.is_empty() {
             return Err(Error::InvalidConfig(
@@ -135,13 +161,13 @@ impl TrustedKeys {
         Ok(())
     }
 
-    /// Checks a signed command that arrived on `topic` and returns the envelope inside it, or
-    /// why it is refused.
+    /// Checks a signed command that arrived on `topic` and returns the envelope inside it with
+    /// the id of the key that signed it, or why it is refused.
     pub(crate) fn open<'a>(
         &self,
         topic: &str,
         bytes: &'a [u8],
-    ) -> std::result::Result<Cow<'a, [u8]>, String> {
+    ) -> std::result::Result<(Cow<'a, [u8]>, String), String> {
         // Our own reader first: well-formed, depth-bounded, one pass, before a general decoder.
         if let Err(e) = cbor::check_one_item(bytes) {
             return Err(format!("signed command: not a COSE_Sign1 ({e})"));
@@ -211,7 +237,7 @@ impl TrustedKeys {
         let payload = sign1
             .payload
             .ok_or_else(|| "signed command: the COSE_Sign1 has no payload".to_owned())?;
-        Ok(Cow::Owned(payload))
+        Ok((Cow::Owned(payload), key_id))
     }
 }
 

@@ -1,5 +1,6 @@
 //! The inbox: receive a command (store it, deduplicated by id), then apply it exactly once.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use rusqlite::{Connection, params};
@@ -7,6 +8,7 @@ use serde::de::DeserializeOwned;
 
 use super::dead_letters::{self, NewDeadLetter, Origin};
 use super::options::Options;
+use super::trust;
 use crate::envelope::{Envelope, MessageId, encode_headers_into, from_cbor};
 use crate::error::{Error, Result};
 use crate::time::{ms, now_ms};
@@ -161,17 +163,16 @@ pub(crate) fn receive(conn: &Connection, options: &Options, topic: &str, bytes: 
 }
 
 pub(crate) fn receive_delivery(conn: &Connection, options: &Options, d: Delivery<'_>) -> Result<Received> {
-    #[cfg(feature = "signed-commands")]
-    let opened = match &options.trusted_keys {
+    // The file's policy, not this handle's options: a handle opened without keys (the CLI, a
+    // second open) is held to what the device requires.
+    let (opened, signed_by) = match trust::load(conn)? {
+        None => (Cow::Borrowed(d.bytes), None),
         // Verified before anything is stored as applicable; refused with the raw bytes kept.
-        Some(keys) => match keys.open(d.topic, d.bytes) {
-            Ok(envelope) => envelope,
+        Some(policy) => match verify(&policy, d.topic, d.bytes)? {
+            Ok((envelope, key_id)) => (envelope, Some(key_id)),
             Err(reason) => return refuse(conn, d.topic, Some(d.bytes), &reason),
         },
-        None => std::borrow::Cow::Borrowed(d.bytes),
     };
-    #[cfg(not(feature = "signed-commands"))]
-    let opened = std::borrow::Cow::Borrowed(d.bytes);
     let env = match Envelope::decode(&opened) {
         Ok(env) => env,
         Err(e) => return refuse(conn, d.topic, Some(d.bytes), &e.to_string()),
@@ -196,8 +197,8 @@ pub(crate) fn receive_delivery(conn: &Connection, options: &Options, d: Delivery
     });
     let inserted = conn
         .prepare_cached(
-            "INSERT INTO inbox (id, topic, key, payload, event_type, headers, source, received_at, retained)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (id) DO NOTHING",
+            "INSERT INTO inbox (id, topic, key, payload, event_type, headers, source, received_at, retained, signed_by)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT (id) DO NOTHING",
         )?
         .execute(params![
             env.id.as_bytes(),
@@ -208,13 +209,34 @@ pub(crate) fn receive_delivery(conn: &Connection, options: &Options, d: Delivery
             headers,
             env.source,
             now_ms(),
-            d.retained
+            d.retained,
+            signed_by
         ])?;
     Ok(if inserted == 1 {
         Received::Stored(env.id)
     } else {
         Received::Duplicate(env.id)
     })
+}
+
+/// A delivery checked against the file's signature policy: the envelope inside and the key that
+/// signed it, or why it is refused.
+type Verified<'a> = std::result::Result<(Cow<'a, [u8]>, String), String>;
+
+#[cfg(feature = "signed-commands")]
+fn verify<'a>(policy: &trust::Policy, topic: &str, bytes: &'a [u8]) -> Result<Verified<'a>> {
+    Ok(crate::signed::TrustedKeys::from_policy(policy).open(topic, bytes))
+}
+
+/// Without the feature nothing can be verified: the inbox is not touched at all.
+#[cfg(not(feature = "signed-commands"))]
+fn verify<'a>(policy: &trust::Policy, _topic: &str, _bytes: &'a [u8]) -> Result<Verified<'a>> {
+    Err(Error::InvalidConfig(format!(
+        "this device requires commands signed by one of the keys [{}], and this build of \
+         edge-outbox has no feature signed-commands to verify them: nothing was stored; use a \
+         build with the feature",
+        policy.key_ids()
+    )))
 }
 
 /// Sets a delivery aside in the dead letters with `reason`: its raw bytes, or none when they are
@@ -250,10 +272,16 @@ pub(crate) fn refuse(conn: &Connection, topic: &str, bytes: Option<&[u8]>, reaso
 /// command on its topic: the broker holds one retained message per topic and sends it again at
 /// every subscription, so only a newer one can replace it there.
 pub(crate) fn prune(conn: &Connection, options: &Options, batch: usize) -> Result<u64> {
-    let cutoff = now_ms().saturating_sub(ms(options.inbox_retention));
+    // Never shorter than the file's replay window, whatever this handle's retention: a replay of
+    // a signed command must find its id, or be too old to verify.
+    let retention = match trust::load(conn)? {
+        Some(policy) => options.inbox_retention.max(policy.replay_window()),
+        None => options.inbox_retention,
+    };
+    let cutoff = now_ms().saturating_sub(ms(retention));
     // Old on the uptime clock too (see super::uptime): a wall clock that jumps ahead must not
     // forget an applied id a broker may still redeliver.
-    let uptime_cutoff = super::uptime::cutoff(conn, options, options.inbox_retention)?;
+    let uptime_cutoff = super::uptime::cutoff(conn, options, retention)?;
     let batch = i64::try_from(batch).unwrap_or(i64::MAX);
     // A retained command's id is kept while it is the newest retained one on its topic: the
     // broker sends it again at every subscription, and it must be recognised, never applied twice.

@@ -18,6 +18,9 @@ mod requeue;
 mod salvage;
 mod schema;
 mod stats;
+#[cfg(feature = "signed-commands")]
+mod signing;
+pub(crate) mod trust;
 pub(crate) mod uptime;
 pub(crate) mod watch;
 
@@ -95,6 +98,10 @@ impl Outbox {
         let path = path.as_ref().to_path_buf();
         let mut conn = open_checked(&path, &options)?;
         epoch::check_file(&mut conn, &path)?;
+        #[cfg(feature = "signed-commands")]
+        if let Some(keys) = &options.trusted_keys {
+            signing::adopt_on_open(&mut conn, keys)?;
+        }
         let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
         Ok(Outbox {
             shared: Arc::new(Shared {

@@ -4,7 +4,7 @@
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
-use super::inbox;
+use super::inbox::{self, Received};
 use super::options::Options;
 use crate::error::{Error, Result};
 
@@ -25,22 +25,28 @@ pub(crate) fn retry(conn: &mut Connection, options: &Options, dl_id: i64) -> Res
     match (origin.as_str(), message_id) {
         // A stored command: give it a fresh set of attempts; its inbox row still holds its id.
         ("inbox", Some(id)) => {
-            tx.execute(
+            let changed = tx.execute(
                 "UPDATE inbox SET dead_at = NULL, done_uptime = NULL, attempts = 0, next_attempt_at = 0, last_error = NULL
-                 WHERE id = ?1",
-                [id],
+                 WHERE id = ?1 AND dead_at IS NOT NULL AND applied_at IS NULL",
+                [&id],
             )?;
+            if changed != 1 {
+                let stored: bool =
+                    tx.query_row("SELECT EXISTS (SELECT 1 FROM inbox WHERE id = ?1)", [&id], |r| r.get(0))?;
+                if stored {
+                    // Applied since, or waiting: putting it back could only apply it twice.
+                    return Err(Error::RetryRefused {
+                        dead_letter_id: dl_id,
+                        reason: "its command is already in the inbox (applied or waiting); drop the \
+                                 dead letter"
+                            .into(),
+                    });
+                }
+                receive_again(&tx, options, dl_id, &topic, raw.as_deref())?;
+            }
         }
         // Input that never made it into the inbox: receive it again (limits may have changed).
-        ("inbox", None) => {
-            let Some(raw) = raw else {
-                return Err(Error::NotFound(format!(
-                    "the bytes of dead letter {dl_id} (an oversized delivery is kept without them; \
-                     have the sender send it again, or drop it)"
-                )));
-            };
-            inbox::receive(&tx, options, &topic, &raw)?;
-        }
+        ("inbox", None) => receive_again(&tx, options, dl_id, &topic, raw.as_deref())?,
         // An outgoing message: queue it again with its id, behind what is pending now.
         _ => {
             tx.execute(
@@ -54,4 +60,23 @@ pub(crate) fn retry(conn: &mut Connection, options: &Options, dl_id: i64) -> Res
     tx.execute("DELETE FROM dead_letters WHERE dl_id = ?1", [dl_id])?;
     tx.commit()?;
     Ok(())
+}
+
+/// Receives a refused delivery again, as if it had just arrived: verified against the file's
+/// signature policy and limits. Refused again, it fails with [`Error::RetryRefused`] and the
+/// caller's transaction rolls back, so the dead letter stays as it was.
+fn receive_again(conn: &Connection, options: &Options, dl_id: i64, topic: &str, raw: Option<&[u8]>) -> Result<()> {
+    let Some(raw) = raw else {
+        return Err(Error::NotFound(format!(
+            "the bytes of dead letter {dl_id} (an oversized delivery is kept without them; \
+             have the sender send it again, or drop it)"
+        )));
+    };
+    match inbox::receive(conn, options, topic, raw)? {
+        Received::DeadLettered { reason, .. } => Err(Error::RetryRefused {
+            dead_letter_id: dl_id,
+            reason,
+        }),
+        Received::Stored(_) | Received::Duplicate(_) => Ok(()),
+    }
 }

@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use crate::error::{Error, Result};
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Column default for "now" in Unix milliseconds. `julianday` works in every SQLite a foreign
 /// writer may link (Debian's Python ships 3.40), unlike `unixepoch('subsec')` (3.42+).
@@ -21,7 +21,7 @@ macro_rules! now_ms_sql {
 }
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
 
 /// Version 1: the outbox, the inbox, dead letters.
 const V1: &str = concat!(
@@ -248,6 +248,44 @@ END;
 DROP INDEX outbox_evictable;
 CREATE INDEX outbox_evictable ON outbox (priority, seq) WHERE evictable = 1;
 ";
+
+/// Version 7: the command signature policy lives in the file, so every handle on it (a keyless
+/// library handle, the CLI, a foreign writer) is held to it, not only the one configured with keys.
+const V7: &str = concat!(
+    "
+-- One row once the device requires signed commands: the validity window every handle verifies
+-- with. No row: commands need no signature.
+CREATE TABLE edge_outbox_command_policy (
+    only           INTEGER PRIMARY KEY CHECK (only = 1),
+    max_age_ms     INTEGER NOT NULL CHECK (max_age_ms > 0),
+    clock_skew_ms  INTEGER NOT NULL CHECK (clock_skew_ms >= 0),
+    required_since INTEGER NOT NULL
+);
+-- The Ed25519 public keys trusted to sign commands, by the key id a command names.
+CREATE TABLE edge_outbox_command_keys (
+    key_id     TEXT    PRIMARY KEY CHECK (length(key_id) > 0),
+    public_key BLOB    NOT NULL CHECK (typeof(public_key) = 'blob' AND length(public_key) = 32),
+    trusted_at INTEGER NOT NULL
+);
+-- Every change to the two tables above, by whom: they change only through an explicit operation.
+CREATE TABLE edge_outbox_command_policy_log (
+    log_id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    changed_at INTEGER NOT NULL DEFAULT ",
+    now_ms_sql!(),
+    ",
+    change     TEXT    NOT NULL
+);
+-- The trusted key id that verified the command's signature; NULL when none was required.
+ALTER TABLE inbox ADD COLUMN signed_by TEXT;
+-- A writer that does not verify signatures (plain SQL) cannot store a command the device would
+-- apply unverified.
+CREATE TRIGGER inbox_requires_signature BEFORE INSERT ON inbox
+WHEN NEW.signed_by IS NULL AND EXISTS (SELECT 1 FROM edge_outbox_command_policy)
+BEGIN
+    SELECT RAISE(ABORT, 'edge-outbox: this device requires signed commands: deliver the signed bytes through Outbox::receive, which verifies them, instead of inserting into inbox');
+END;
+"
+);
 
 /// The column default that mints a message id for a foreign writer: 16 random bytes with the
 /// UUID version (4) and variant (10xx) bits set. SQLite before 3.41 has no `unhex`, so the two
