@@ -23,6 +23,15 @@ pub const MUTANTS: &[&str] = &[
     "skip-claim",
 ];
 
+/// Mutants of guarantees the crash harness cannot see (who may command a device, how a claim is
+/// released), each caught by its own scenario test instead: (name, the test file that runs itself
+/// with the mutant on and fails unless its scenario fails).
+pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
+    // Receiving verifies with the handle's own keys only, not the file's: a keyless handle (the
+    // CLI's retry) stores unsigned commands.
+    ("handle-keys-only", "tests/signed_any_handle.rs"),
+];
+
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);
 /// `None`: all of them run.
 pub fn scenarios_for(name: &str) -> Option<&'static str> {

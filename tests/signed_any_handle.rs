@@ -5,6 +5,7 @@
 #![cfg(all(feature = "signed-commands", feature = "cli"))]
 
 mod common;
+mod support;
 
 use std::process::Command;
 use std::time::Duration;
@@ -77,5 +78,17 @@ fn an_unsigned_command_stays_refused_through_the_cli_and_a_keyless_handle() -> T
     assert_eq!(keyless.receive(TOPIC, &signed)?, Received::Stored(genuine.id));
     assert!(matches!(apply(&keyless)?, ApplyOutcome::Applied { id, .. } if id == genuine.id));
     assert_eq!(apply(&device)?, ApplyOutcome::Idle { next_due: None });
+    Ok(())
+}
+
+/// The broken build this scenario catches: receiving verifies with the handle's keys only.
+#[cfg(feature = "mutants")]
+#[test]
+fn the_handle_keys_only_mutant_is_caught() -> TestResult {
+    if support::mutant::in_mutant_run() {
+        return Ok(());
+    }
+    let test = "an_unsigned_command_stays_refused_through_the_cli_and_a_keyless_handle";
+    assert!(support::mutant::caught(test, "handle-keys-only")?, "mutant survived");
     Ok(())
 }

@@ -165,7 +165,12 @@ pub(crate) fn receive(conn: &Connection, options: &Options, topic: &str, bytes: 
 pub(crate) fn receive_delivery(conn: &Connection, options: &Options, d: Delivery<'_>) -> Result<Received> {
     // The file's policy, not this handle's options: a handle opened without keys (the CLI, a
     // second open) is held to what the device requires.
-    let (opened, signed_by) = match trust::load(conn)? {
+    let policy = if crate::mutant::active("handle-keys-only") {
+        handle_policy(options)
+    } else {
+        trust::load(conn)?
+    };
+    let (opened, signed_by) = match policy {
         None => (Cow::Borrowed(d.bytes), None),
         // Verified before anything is stored as applicable; refused with the raw bytes kept.
         Some(policy) => match verify(&policy, d.topic, d.bytes)? {
@@ -226,6 +231,17 @@ type Verified<'a> = std::result::Result<(Cow<'a, [u8]>, String), String>;
 #[cfg(feature = "signed-commands")]
 fn verify<'a>(policy: &trust::Policy, topic: &str, bytes: &'a [u8]) -> Result<Verified<'a>> {
     Ok(crate::signed::TrustedKeys::from_policy(policy).open(topic, bytes))
+}
+
+/// The `handle-keys-only` mutant: the handle's own keys, as before the policy was in the file.
+#[cfg(feature = "signed-commands")]
+fn handle_policy(options: &Options) -> Option<trust::Policy> {
+    options.trusted_keys.as_ref().map(crate::signed::TrustedKeys::to_policy)
+}
+
+#[cfg(not(feature = "signed-commands"))]
+fn handle_policy(_options: &Options) -> Option<trust::Policy> {
+    None
 }
 
 /// Without the feature nothing can be verified: the inbox is not touched at all.

@@ -27,6 +27,8 @@ mod relay;
 mod relay_probe;
 mod status;
 mod status_file;
+#[cfg(feature = "signed-commands")]
+mod trusted_keys;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
