@@ -30,6 +30,9 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // Receiving verifies with the handle's own keys only, not the file's: a keyless handle (the
     // CLI's retry) stores unsigned commands.
     ("handle-keys-only", "tests/signed_any_handle.rs"),
+    // A claim whose record step failed (the database locked past the busy timeout) is left set:
+    // its key is blocked until the attempt timeout.
+    ("strand-claim", "tests/busy_claim_released.rs"),
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);

@@ -65,6 +65,8 @@ struct Shared {
     /// A second connection for `apply_next`, taken out while a command is applied, so applying
     /// never holds `conn`'s mutex: the handler may read through this handle meanwhile.
     apply_conn: Mutex<Option<Connection>>,
+    /// Claims `apply_next` could not release yet (see `apply::Applier::stranded`).
+    stranded: Mutex<Vec<apply::Held>>,
     /// The in-process writers' queue of this file (see `gate`): taken before `conn`'s mutex.
     gate: Arc<gate::WriteGate>,
     options: Options,
@@ -110,6 +112,7 @@ impl Outbox {
                 canonical: reentry::canonical(&path),
                 owner: format!("worker:{}", crate::MessageId::new_v7()),
                 apply_conn: Mutex::new(None),
+                stranded: Mutex::new(Vec::new()),
                 path,
                 options,
                 wake_tx,
@@ -300,6 +303,7 @@ impl Outbox {
         let applier = Applier {
             options: &self.shared.options,
             owner: &self.shared.owner,
+            stranded: &self.shared.stranded,
             path: &self.shared.canonical,
         };
         let result = apply::run_next(&mut conn, &applier, |_| {}, act, record);
