@@ -33,6 +33,10 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // A claim whose record step failed (the database locked past the busy timeout) is left set:
     // its key is blocked until the attempt timeout.
     ("strand-claim", "tests/busy_claim_released.rs"),
+    // With retained commands kept, a live delivery (retain flag cleared by the broker) is stored
+    // as not retained: its id is pruned, and the broker's resend at the next subscription is
+    // applied again.
+    ("live-not-retained", "tests/retained_live_applied_once.rs"),
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);
