@@ -37,6 +37,8 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // as not retained: its id is pruned, and the broker's resend at the next subscription is
     // applied again.
     ("live-not-retained", "tests/retained_live_applied_once.rs"),
+    // Refused deliveries are kept without bound: a flood of junk fills the disk.
+    ("unbounded-refusals", "tests/refusal_flood.rs"),
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);

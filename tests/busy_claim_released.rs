@@ -48,7 +48,11 @@ fn a_busy_record_step_releases_its_claim() -> TestResult {
         })?;
         assert!(matches!(outcome, ApplyOutcome::Applied { .. }), "{outcome:?}");
     }
-    assert_eq!(seen, [(first, 0), (second, 0)], "the busy attempt was not counted");
+    assert_eq!(
+        seen,
+        [(first, 0), (second, 0)],
+        "the busy attempt was not counted"
+    );
     Ok(())
 }
 

@@ -28,7 +28,11 @@ fn the_relay_with_a_trusted_key_stores_only_signed_commands() -> TestResult {
     let junk = dir.path().join("junk.pub");
     std::fs::write(&junk, "not a key")?;
     let bad = Command::new(BIN)
-        .args(["relay", "--broker", &format!("mqtt://127.0.0.1:{}", broker.port())])
+        .args([
+            "relay",
+            "--broker",
+            &format!("mqtt://127.0.0.1:{}", broker.port()),
+        ])
         .args(["--client-id", "d", "--trusted-key"])
         .arg(format!("cloud-2026={}", junk.display()))
         .arg("--db")
@@ -36,13 +40,26 @@ fn the_relay_with_a_trusted_key_stores_only_signed_commands() -> TestResult {
         .env_remove("RUST_LOG")
         .output()?;
     assert_eq!(bad.status.code(), Some(2), "{bad:?}");
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("64 hex digits"), "{bad:?}");
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("64 hex digits"),
+        "{bad:?}"
+    );
     assert!(!path.exists(), "nothing was created for a bad key file");
 
     let relay = ChildGuard::new(
         Command::new(BIN)
-            .args(["relay", "--broker", &format!("mqtt://127.0.0.1:{}", broker.port())])
-            .args(["--client-id", "d", "--commands", "devices/pump-17/commands/#", "--trusted-key"])
+            .args([
+                "relay",
+                "--broker",
+                &format!("mqtt://127.0.0.1:{}", broker.port()),
+            ])
+            .args([
+                "--client-id",
+                "d",
+                "--commands",
+                "devices/pump-17/commands/#",
+                "--trusted-key",
+            ])
             .arg(format!("cloud-2026={}", key_file.display()))
             .arg("--db")
             .arg(&path)
@@ -59,7 +76,11 @@ fn the_relay_with_a_trusted_key_stores_only_signed_commands() -> TestResult {
     let genuine = Envelope::command(MessageId::new_v7(), "pump-17", &40)?;
     let signed = signer.sign(TOPIC, &genuine, Duration::from_secs(600))?;
     let unsigned = Envelope::command(MessageId::new_v7(), "pump-17", &1_000_000)?.encode();
-    publish_raw_many(broker.addr(), &[(TOPIC, &unsigned), (TOPIC, &signed)], QoS::AtLeastOnce)?;
+    publish_raw_many(
+        broker.addr(),
+        &[(TOPIC, &unsigned), (TOPIC, &signed)],
+        QoS::AtLeastOnce,
+    )?;
     let counts = |o: &Outbox| -> (i64, i64) {
         o.with_connection(|c| {
             c.query_row(

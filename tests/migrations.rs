@@ -430,7 +430,12 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
 /// Undoes migration 7 on `conn`'s file: what a version 6 build left.
 fn down_to_6(conn: &rusqlite::Connection) -> TestResult {
     conn.execute_batch(
-        "DROP TRIGGER inbox_requires_signature;
+        "DROP TRIGGER dead_letters_refused_insert;
+         DROP TRIGGER dead_letters_refused_delete;
+         DROP TABLE edge_outbox_refusals;
+         DROP INDEX dead_letters_refused;
+         ALTER TABLE dead_letters DROP COLUMN refused;
+         DROP TRIGGER inbox_requires_signature;
          DROP TABLE edge_outbox_command_policy;
          DROP TABLE edge_outbox_command_keys;
          DROP TABLE edge_outbox_command_policy_log;
@@ -456,7 +461,8 @@ fn shape(o: &Outbox) -> TestResult<Vec<(String, String)>> {
 }
 
 /// A version 6 file is migrated to version 7 in place: its commands are kept and applied, it
-/// requires no signature until told to, and it has the shape of a file this build creates.
+/// requires no signature until told to, its refused deliveries are counted as such, and it has
+/// the shape of a file this build creates.
 #[test]
 fn a_version_6_inbox_is_migrated_to_version_7_and_requires_no_signature() -> TestResult {
     let (_dir, path) = temp_db()?;
@@ -464,13 +470,26 @@ fn a_version_6_inbox_is_migrated_to_version_7_and_requires_no_signature() -> Tes
     {
         let outbox = Outbox::open(&path)?;
         outbox.receive("cmd", &common::command_bytes(pending, "k", &3)?)?;
+        outbox.receive("cmd", b"junk")?;
         drop(outbox);
         down_to_6(&rusqlite::Connection::open(&path)?)?;
     }
     let outbox = Outbox::open(&path)?;
     assert_eq!(schema_version(&outbox)?, SCHEMA_VERSION);
-    assert_eq!(query_i64(&outbox, "SELECT count(*) FROM edge_outbox_command_policy")?, 0);
-    assert_eq!(query_i64(&outbox, "SELECT count(*) FROM inbox WHERE signed_by IS NULL")?, 1);
+    assert_eq!(
+        query_i64(&outbox, "SELECT count(*) FROM edge_outbox_command_policy")?,
+        0
+    );
+    assert_eq!(
+        query_i64(&outbox, "SELECT count(*) FROM inbox WHERE signed_by IS NULL")?,
+        1
+    );
+    let stats = outbox.stats()?;
+    assert_eq!(
+        (stats.refusals_kept, stats.refusals_kept_bytes),
+        (1, 4),
+        "{stats:?}"
+    );
     let outcome = outbox.apply_next(|_tx, _cmd| Ok::<_, Error>(()))?;
     assert_eq!(
         outcome,

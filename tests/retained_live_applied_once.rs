@@ -39,19 +39,25 @@ fn a_retained_command_delivered_live_is_not_applied_again_at_the_next_subscripti
         &command_bytes(MessageId::new_v7(), "acct", &100)?,
         QoS::AtLeastOnce,
     )?;
-    assert!(wait_until(|| balance(&outbox) == 100), "the live command was not applied");
+    assert!(
+        wait_until(|| balance(&outbox) == 100),
+        "the live command was not applied"
+    );
     relay.shutdown()?;
     outbox.prune()?;
 
     // The next subscription gets it again, retain flag set: recognised, not applied.
     let relay = start(&outbox, config("second"), FILTER)?;
-    let settled = wait_until(|| {
-        balance(&outbox) != 100 || relay.status().is_ok_and(|s| s.commands_duplicate >= 1)
-    });
+    let settled =
+        wait_until(|| balance(&outbox) != 100 || relay.status().is_ok_and(|s| s.commands_duplicate >= 1));
     let status = relay.status()?;
     relay.shutdown()?;
     publish_retained(broker.addr(), TOPIC, &[], QoS::AtLeastOnce)?;
-    assert!(settled, "the retained command was not sent again ({:?})", broker.kind());
+    assert!(
+        settled,
+        "the retained command was not sent again ({:?})",
+        broker.kind()
+    );
     assert_eq!(balance(&outbox), 100, "applied twice: {status:?}");
     Ok(())
 }
@@ -64,6 +70,9 @@ fn the_live_not_retained_mutant_is_caught() -> TestResult {
         return Ok(());
     }
     let test = "a_retained_command_delivered_live_is_not_applied_again_at_the_next_subscription";
-    assert!(support::mutant::caught(test, "live-not-retained")?, "mutant survived");
+    assert!(
+        support::mutant::caught(test, "live-not-retained")?,
+        "mutant survived"
+    );
     Ok(())
 }

@@ -24,16 +24,32 @@ fn a_retained_command_replaced_by_a_live_one_is_pruned_and_the_live_one_kept() -
     let outbox = open(&path, Options::new().inbox_retention(Duration::ZERO))?;
     let (old, new) = (MessageId::new_v7(), MessageId::new_v7());
     // Retained before the device subscribes: delivered with the retain flag.
-    publish_retained(broker.addr(), TOPIC, &command_bytes(old, "acct", &100)?, QoS::AtLeastOnce)?;
+    publish_retained(
+        broker.addr(),
+        TOPIC,
+        &command_bytes(old, "acct", &100)?,
+        QoS::AtLeastOnce,
+    )?;
     let relay = start(
         &outbox,
         relay_config(broker.addr(), "retained-replaced").retained_commands(true),
         FILTER,
     )?;
-    assert!(wait_until(|| balance(&outbox) == 100), "the retained command was not applied");
+    assert!(
+        wait_until(|| balance(&outbox) == 100),
+        "the retained command was not applied"
+    );
     // Its replacement, published retained while the device is subscribed: delivered live.
-    publish_retained(broker.addr(), TOPIC, &command_bytes(new, "acct", &1)?, QoS::AtLeastOnce)?;
-    assert!(wait_until(|| balance(&outbox) == 101), "the replacement was not applied");
+    publish_retained(
+        broker.addr(),
+        TOPIC,
+        &command_bytes(new, "acct", &1)?,
+        QoS::AtLeastOnce,
+    )?;
+    assert!(
+        wait_until(|| balance(&outbox) == 101),
+        "the replacement was not applied"
+    );
     relay.shutdown()?;
     publish_retained(broker.addr(), TOPIC, &[], QoS::AtLeastOnce)?;
     outbox.prune()?;
@@ -42,6 +58,10 @@ fn a_retained_command_replaced_by_a_live_one_is_pruned_and_the_live_one_kept() -
             .query_map([], |r| r.get(0))?
             .collect::<rusqlite::Result<_>>()
     })?;
-    assert_eq!(kept, [new.as_bytes().to_vec()], "only the topic's retained command is kept");
+    assert_eq!(
+        kept,
+        [new.as_bytes().to_vec()],
+        "only the topic's retained command is kept"
+    );
     Ok(())
 }

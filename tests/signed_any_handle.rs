@@ -55,14 +55,20 @@ fn an_unsigned_command_stays_refused_through_the_cli_and_a_keyless_handle() -> T
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the CLI retry succeeded: {out:?}");
     assert!(stderr.contains("not signed"), "{stderr}");
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("put back"), "{out:?}");
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("put back"),
+        "{out:?}"
+    );
     assert_eq!(apply(&device)?, ApplyOutcome::Idle { next_due: None });
     assert_eq!(device.dead_letters(10)?.len(), 1, "the dead letter is kept");
 
     // A second handle without keys: its retry re-verifies with the file's keys.
     let keyless = Outbox::open(&path)?;
     match keyless.retry_dead_letter(dl) {
-        Err(Error::RetryRefused { dead_letter_id, reason }) => {
+        Err(Error::RetryRefused {
+            dead_letter_id,
+            reason,
+        }) => {
             assert_eq!(dead_letter_id, dl);
             assert!(reason.contains("not signed"), "{reason}");
         }
@@ -89,6 +95,9 @@ fn the_handle_keys_only_mutant_is_caught() -> TestResult {
         return Ok(());
     }
     let test = "an_unsigned_command_stays_refused_through_the_cli_and_a_keyless_handle";
-    assert!(support::mutant::caught(test, "handle-keys-only")?, "mutant survived");
+    assert!(
+        support::mutant::caught(test, "handle-keys-only")?,
+        "mutant survived"
+    );
     Ok(())
 }

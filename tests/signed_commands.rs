@@ -175,7 +175,9 @@ fn keys_rotate_by_trusting_the_new_one_beside_the_old_then_dropping_the_old() ->
     drop(during);
     let after = Outbox::open_with(&path, options(trusting(&[&new])))?;
     let changes: i64 = after.with_connection(|c| {
-        c.query_row("SELECT count(*) FROM edge_outbox_command_policy_log", [], |r| r.get(0))
+        c.query_row("SELECT count(*) FROM edge_outbox_command_policy_log", [], |r| {
+            r.get(0)
+        })
     })?;
     assert_eq!(changes, 2, "required at the first open, then the old key dropped");
     let env = command(1)?;

@@ -72,7 +72,7 @@ pub(crate) fn handle(
     let _turn = gate::enter(conn, options.busy_timeout)?;
     Ok(match admit(bytes.len(), retained, limits) {
         Admission::IgnoreRetained => Handled::IgnoredRetained,
-        Admission::TooLarge(reason) => Handled::Received(refuse(conn, topic, None, &reason)?),
+        Admission::TooLarge(reason) => Handled::Received(refuse(conn, options, topic, None, &reason)?),
         Admission::Store => Handled::Received(receive_delivery(
             conn,
             options,

@@ -510,7 +510,10 @@ fn release(tx: &Transaction<'_>, a: &Applier<'_>, held: Held) -> Result<()> {
         params![held.seq, held.started_at, a.owner],
     )?;
     if released == 1 {
-        tracing::info!(seq = held.seq, "released the claim of an attempt that could not be recorded; not counted");
+        tracing::info!(
+            seq = held.seq,
+            "released the claim of an attempt that could not be recorded; not counted"
+        );
     }
     Ok(())
 }

@@ -175,17 +175,18 @@ pub(crate) fn receive_delivery(conn: &Connection, options: &Options, d: Delivery
         // Verified before anything is stored as applicable; refused with the raw bytes kept.
         Some(policy) => match verify(&policy, d.topic, d.bytes)? {
             Ok((envelope, key_id)) => (envelope, Some(key_id)),
-            Err(reason) => return refuse(conn, d.topic, Some(d.bytes), &reason),
+            Err(reason) => return refuse(conn, options, d.topic, Some(d.bytes), &reason),
         },
     };
     let env = match Envelope::decode(&opened) {
         Ok(env) => env,
-        Err(e) => return refuse(conn, d.topic, Some(d.bytes), &e.to_string()),
+        Err(e) => return refuse(conn, options, d.topic, Some(d.bytes), &e.to_string()),
     };
     let max = options.limits.payload_limit();
     if env.payload.len() > max {
         return refuse(
             conn,
+            options,
             d.topic,
             Some(d.bytes),
             &Error::PayloadTooLarge {
@@ -236,7 +237,10 @@ fn verify<'a>(policy: &trust::Policy, topic: &str, bytes: &'a [u8]) -> Result<Ve
 /// The `handle-keys-only` mutant: the handle's own keys, as before the policy was in the file.
 #[cfg(feature = "signed-commands")]
 fn handle_policy(options: &Options) -> Option<trust::Policy> {
-    options.trusted_keys.as_ref().map(crate::signed::TrustedKeys::to_policy)
+    options
+        .trusted_keys
+        .as_ref()
+        .map(crate::signed::TrustedKeys::to_policy)
 }
 
 #[cfg(not(feature = "signed-commands"))]
@@ -256,27 +260,69 @@ fn verify<'a>(policy: &trust::Policy, _topic: &str, _bytes: &'a [u8]) -> Result<
 }
 
 /// Sets a delivery aside in the dead letters with `reason`: its raw bytes, or none when they are
-/// not worth the disk (an oversized delivery).
-pub(crate) fn refuse(conn: &Connection, topic: &str, bytes: Option<&[u8]>, reason: &str) -> Result<Received> {
-    let dead_letter_id = dead_letters::insert(
-        conn,
-        &NewDeadLetter {
-            origin: Origin::Inbox,
-            message_id: None,
-            topic,
-            key: "",
-            payload: bytes,
-            event_type: None,
-            headers: None,
-            reason,
-            attempts: 0,
-            created_at: Some(now_ms()),
-        },
-    )?;
-    tracing::warn!(topic, dead_letter_id, %reason, "command refused and dead-lettered");
+/// not worth the disk (an oversized delivery, or one above the refusals' whole byte budget).
+///
+/// Refused dead letters are bounded ([`Options::max_refusals`], [`Options::max_refusal_bytes`]):
+/// anyone who can publish on the command topic can make them, so the oldest are evicted (and
+/// counted) rather than let a flood take the application's storage. Logged at a bounded rate.
+pub(crate) fn refuse(
+    conn: &Connection,
+    options: &Options,
+    topic: &str,
+    bytes: Option<&[u8]>,
+    reason: &str,
+) -> Result<Received> {
+    let budget = options.max_refusal_bytes;
+    let kept = bytes.filter(|b| u64::try_from(b.len()).unwrap_or(u64::MAX) <= budget);
+    let reason = match (bytes, kept) {
+        (Some(b), None) => format!(
+            "{reason} (its {} bytes were not kept: above Options::max_refusal_bytes, {budget})",
+            b.len()
+        ),
+        _ => reason.to_owned(),
+    };
+    // One commit for the dead letter and the evictions it causes, in or out of a transaction.
+    conn.execute_batch("SAVEPOINT edge_outbox_refuse")?;
+    let stored = (|| -> Result<(i64, u64)> {
+        let dead_letter_id = dead_letters::insert(
+            conn,
+            &NewDeadLetter {
+                origin: Origin::Inbox,
+                message_id: None,
+                topic,
+                key: "",
+                payload: kept,
+                event_type: None,
+                headers: None,
+                reason: &reason,
+                attempts: 0,
+                created_at: Some(now_ms()),
+                refused: true,
+            },
+        )?;
+        let evicted = if crate::mutant::active("unbounded-refusals") {
+            0
+        } else {
+            dead_letters::evict_refusals(conn, options.max_refusals, budget)?
+        };
+        Ok((dead_letter_id, evicted))
+    })();
+    let (dead_letter_id, evicted) = match stored {
+        Ok(done) => {
+            conn.execute_batch("RELEASE edge_outbox_refuse")?;
+            done
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK TO edge_outbox_refuse; RELEASE edge_outbox_refuse");
+            return Err(e);
+        }
+    };
+    if let Some(unlogged) = super::refusal_log::admit() {
+        tracing::warn!(topic, dead_letter_id, %reason, evicted, unlogged, "command refused and dead-lettered");
+    }
     Ok(Received::DeadLettered {
         dead_letter_id,
-        reason: reason.to_owned(),
+        reason,
     })
 }
 

@@ -13,13 +13,14 @@ mod open;
 mod options;
 pub(crate) mod outbox;
 mod reentry;
+mod refusal_log;
 pub(crate) mod relay_lock;
 mod requeue;
 mod salvage;
 mod schema;
-mod stats;
 #[cfg(feature = "signed-commands")]
 mod signing;
+mod stats;
 pub(crate) mod trust;
 pub(crate) mod uptime;
 pub(crate) mod watch;

@@ -32,7 +32,9 @@ pub(crate) fn retry(conn: &mut Connection, options: &Options, dl_id: i64) -> Res
             )?;
             if changed != 1 {
                 let stored: bool =
-                    tx.query_row("SELECT EXISTS (SELECT 1 FROM inbox WHERE id = ?1)", [&id], |r| r.get(0))?;
+                    tx.query_row("SELECT EXISTS (SELECT 1 FROM inbox WHERE id = ?1)", [&id], |r| {
+                        r.get(0)
+                    })?;
                 if stored {
                     // Applied since, or waiting: putting it back could only apply it twice.
                     return Err(Error::RetryRefused {
@@ -65,7 +67,13 @@ pub(crate) fn retry(conn: &mut Connection, options: &Options, dl_id: i64) -> Res
 /// Receives a refused delivery again, as if it had just arrived: verified against the file's
 /// signature policy and limits. Refused again, it fails with [`Error::RetryRefused`] and the
 /// caller's transaction rolls back, so the dead letter stays as it was.
-fn receive_again(conn: &Connection, options: &Options, dl_id: i64, topic: &str, raw: Option<&[u8]>) -> Result<()> {
+fn receive_again(
+    conn: &Connection,
+    options: &Options,
+    dl_id: i64,
+    topic: &str,
+    raw: Option<&[u8]>,
+) -> Result<()> {
     let Some(raw) = raw else {
         return Err(Error::NotFound(format!(
             "the bytes of dead letter {dl_id} (an oversized delivery is kept without them; \

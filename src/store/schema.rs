@@ -250,7 +250,8 @@ CREATE INDEX outbox_evictable ON outbox (priority, seq) WHERE evictable = 1;
 ";
 
 /// Version 7: the command signature policy lives in the file, so every handle on it (a keyless
-/// library handle, the CLI, a foreign writer) is held to it, not only the one configured with keys.
+/// library handle, the CLI, a foreign writer) is held to it, not only the one configured with keys;
+/// refused deliveries are bounded in the dead letters.
 const V7: &str = concat!(
     "
 -- One row once the device requires signed commands: the validity window every handle verifies
@@ -283,6 +284,33 @@ CREATE TRIGGER inbox_requires_signature BEFORE INSERT ON inbox
 WHEN NEW.signed_by IS NULL AND EXISTS (SELECT 1 FROM edge_outbox_command_policy)
 BEGIN
     SELECT RAISE(ABORT, 'edge-outbox: this device requires signed commands: deliver the signed bytes through Outbox::receive, which verifies them, instead of inserting into inbox');
+END;
+
+-- 1: a delivery refused before it was stored (malformed, not signed, too large). Anyone who can
+-- publish on the command topic can make these: they are kept within Options::max_refusals and
+-- max_refusal_bytes, the oldest evicted. Those of earlier versions are the inbox's with no attempt.
+ALTER TABLE dead_letters ADD COLUMN refused INTEGER NOT NULL DEFAULT 0 CHECK (refused IN (0, 1));
+UPDATE dead_letters SET refused = 1 WHERE origin = 'inbox' AND attempts = 0;
+CREATE INDEX dead_letters_refused ON dead_letters (dl_id) WHERE refused = 1;
+-- The refused dead letters kept (kept by triggers, whoever deletes them), and those evicted.
+CREATE TABLE edge_outbox_refusals (
+    only          INTEGER PRIMARY KEY CHECK (only = 1),
+    kept          INTEGER NOT NULL,
+    kept_bytes    INTEGER NOT NULL,
+    evicted       INTEGER NOT NULL,
+    evicted_bytes INTEGER NOT NULL
+);
+INSERT INTO edge_outbox_refusals
+    SELECT 1, count(*), coalesce(sum(length(CAST(payload AS BLOB))), 0), 0, 0 FROM dead_letters WHERE refused = 1;
+CREATE TRIGGER dead_letters_refused_insert AFTER INSERT ON dead_letters WHEN NEW.refused = 1
+BEGIN
+    UPDATE edge_outbox_refusals SET kept = kept + 1,
+        kept_bytes = kept_bytes + coalesce(length(CAST(NEW.payload AS BLOB)), 0) WHERE only = 1;
+END;
+CREATE TRIGGER dead_letters_refused_delete AFTER DELETE ON dead_letters WHEN OLD.refused = 1
+BEGIN
+    UPDATE edge_outbox_refusals SET kept = kept - 1,
+        kept_bytes = kept_bytes - coalesce(length(CAST(OLD.payload AS BLOB)), 0) WHERE only = 1;
 END;
 "
 );

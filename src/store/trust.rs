@@ -50,9 +50,8 @@ pub(crate) fn load(conn: &Connection) -> Result<Option<Policy>> {
     let Some((max_age, skew, required_since)) = window else {
         return Ok(None);
     };
-    let mut stmt = conn.prepare_cached(
-        "SELECT key_id, public_key FROM edge_outbox_command_keys ORDER BY key_id",
-    )?;
+    let mut stmt =
+        conn.prepare_cached("SELECT key_id, public_key FROM edge_outbox_command_keys ORDER BY key_id")?;
     let keys = stmt
         .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Vec<u8>>(1)?)))?
         .filter_map(|row| match row {

@@ -24,11 +24,15 @@ pub fn open(path: &Path, options: Options) -> TestResult<Outbox> {
 /// A relay receiving commands on `filter`, each adding its payload to the balance; returns once
 /// its command session has subscribed.
 pub fn start(outbox: &Outbox, config: RelayConfig, filter: &str) -> TestResult<Relay> {
-    let relay = Relay::start_with_handler(outbox, config.commands(filter), |tx: &mut Tx<'_>, cmd: &Command| {
-        let credits: i64 = cmd.payload_as()?;
-        tx.execute("UPDATE balance SET credits = credits + ?1", [credits])?;
-        Ok::<_, Error>(())
-    })?;
+    let relay = Relay::start_with_handler(
+        outbox,
+        config.commands(filter),
+        |tx: &mut Tx<'_>, cmd: &Command| {
+            let credits: i64 = cmd.payload_as()?;
+            tx.execute("UPDATE balance SET credits = credits + ?1", [credits])?;
+            Ok::<_, Error>(())
+        },
+    )?;
     if !wait_until(|| relay.status().is_ok_and(|s| s.commands_connected)) {
         return Err("the command session never subscribed".into());
     }

@@ -115,6 +115,11 @@ fn to_json(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
         "gaps_unannounced": c.stats.gaps_unannounced,
         "salvaged": c.stats.salvaged,
         "dead_letters": c.stats.dead_letters,
+        "refusals": {
+            "kept": c.stats.refusals_kept,
+            "kept_bytes": c.stats.refusals_kept_bytes,
+            "evicted": c.stats.refusals_evicted,
+        },
         "inbox": { "unapplied": c.stats.inbox_unapplied, "applied": c.stats.inbox_applied },
         "relay": {
             "running": relay.running(),
@@ -162,7 +167,20 @@ fn to_text(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
                 String::new()
             }
         ),
-        format!("dead letters  {}", c.stats.dead_letters),
+        format!(
+            "dead letters  {}{}",
+            c.stats.dead_letters,
+            if c.stats.refusals_kept + c.stats.refusals_evicted > 0 {
+                format!(
+                    " ({} refused deliveries, {}; {} older ones evicted)",
+                    c.stats.refusals_kept,
+                    bytes(c.stats.refusals_kept_bytes),
+                    c.stats.refusals_evicted
+                )
+            } else {
+                String::new()
+            }
+        ),
         format!(
             "inbox         {} unapplied, {} applied (ids kept for deduplication)",
             c.stats.inbox_unapplied, c.stats.inbox_applied

@@ -22,7 +22,9 @@ pub fn parse(args: &[String]) -> Result<Option<TrustedKeys>> {
             ))
         })?;
         if id.is_empty() {
-            return Err(CliError::usage(format!("--trusted-key {arg:?}: the key id is empty")));
+            return Err(CliError::usage(format!(
+                "--trusted-key {arg:?}: the key id is empty"
+            )));
         }
         keys = keys.key(id, read_key(Path::new(file))?);
     }
@@ -30,9 +32,8 @@ pub fn parse(args: &[String]) -> Result<Option<TrustedKeys>> {
 }
 
 fn read_key(file: &Path) -> Result<[u8; 32]> {
-    let text = std::fs::read_to_string(file).map_err(|e| {
-        CliError::usage(format!("--trusted-key: cannot read {}: {e}", file.display()))
-    })?;
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| CliError::usage(format!("--trusted-key: cannot read {}: {e}", file.display())))?;
     let hex = text.trim();
     let bad = || {
         CliError::usage(format!(
