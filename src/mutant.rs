@@ -39,6 +39,9 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     ("live-not-retained", "tests/retained_live_applied_once.rs"),
     // Refused deliveries are kept without bound: a flood of junk fills the disk.
     ("unbounded-refusals", "tests/refusal_flood.rs"),
+    // Pruning forgets command ids after the pruning handle's own retention, not at least the
+    // file's replay window: a handle with a shorter one reopens the window for replays.
+    ("own-retention", "tests/signed_replay_window_prune.rs"),
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);

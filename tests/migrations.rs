@@ -434,6 +434,7 @@ fn down_to_6(conn: &rusqlite::Connection) -> TestResult {
          DROP TRIGGER dead_letters_refused_delete;
          DROP TABLE edge_outbox_refusals;
          DROP INDEX dead_letters_refused;
+         DROP INDEX dead_letters_by_message;
          ALTER TABLE dead_letters DROP COLUMN refused;
          DROP TRIGGER inbox_requires_signature;
          DROP TABLE edge_outbox_command_policy;

@@ -184,7 +184,9 @@ pub(crate) fn receive_delivery(conn: &Connection, options: &Options, d: Delivery
     };
     let max = options.limits.payload_limit();
     if env.payload.len() > max {
-        return refuse(
+        // Its id is readable: kept with the dead letter, so that a resend applied meanwhile is
+        // recognised when the dead letter is retried, and its id kept while the dead letter is.
+        return refuse_with_id(
             conn,
             options,
             d.topic,
@@ -194,6 +196,7 @@ pub(crate) fn receive_delivery(conn: &Connection, options: &Options, d: Delivery
                 max,
             }
             .to_string(),
+            Some(env.id),
         );
     }
     let headers = (!env.headers.is_empty()).then(|| {
@@ -272,6 +275,18 @@ pub(crate) fn refuse(
     bytes: Option<&[u8]>,
     reason: &str,
 ) -> Result<Received> {
+    refuse_with_id(conn, options, topic, bytes, reason, None)
+}
+
+/// [`refuse`], for a delivery whose envelope could be read: its id is kept with the dead letter.
+fn refuse_with_id(
+    conn: &Connection,
+    options: &Options,
+    topic: &str,
+    bytes: Option<&[u8]>,
+    reason: &str,
+    id: Option<MessageId>,
+) -> Result<Received> {
     let budget = options.max_refusal_bytes;
     let kept = bytes.filter(|b| u64::try_from(b.len()).unwrap_or(u64::MAX) <= budget);
     let reason = match (bytes, kept) {
@@ -288,7 +303,7 @@ pub(crate) fn refuse(
             conn,
             &NewDeadLetter {
                 origin: Origin::Inbox,
-                message_id: None,
+                message_id: id.as_ref().map(|id| id.as_bytes().as_slice()),
                 topic,
                 key: "",
                 payload: kept,
@@ -327,8 +342,8 @@ pub(crate) fn refuse(
 }
 
 /// Deletes the ids of commands applied, or dead and no longer in the dead letters, longer ago than
-/// the retention. A dead command whose dead letter still exists keeps its row: retrying the dead
-/// letter puts that row back in line.
+/// the retention. A command whose id a dead letter names keeps its row: retrying the dead letter
+/// puts a dead row back in line, and recognises an applied one.
 ///
 /// A command that arrived retained keeps its id past the retention while it is the newest retained
 /// command on its topic: the broker holds one retained message per topic and sends it again at
@@ -337,8 +352,10 @@ pub(crate) fn prune(conn: &Connection, options: &Options, batch: usize) -> Resul
     // Never shorter than the file's replay window, whatever this handle's retention: a replay of
     // a signed command must find its id, or be too old to verify.
     let retention = match trust::load(conn)? {
-        Some(policy) => options.inbox_retention.max(policy.replay_window()),
-        None => options.inbox_retention,
+        Some(policy) if !crate::mutant::active("own-retention") => {
+            options.inbox_retention.max(policy.replay_window())
+        }
+        _ => options.inbox_retention,
     };
     let cutoff = now_ms().saturating_sub(ms(retention));
     // Old on the uptime clock too (see super::uptime): a wall clock that jumps ahead must not
@@ -347,20 +364,23 @@ pub(crate) fn prune(conn: &Connection, options: &Options, batch: usize) -> Resul
     let batch = i64::try_from(batch).unwrap_or(i64::MAX);
     // A retained command's id is kept while it is the newest retained one on its topic: the
     // broker sends it again at every subscription, and it must be recognised, never applied twice.
+    // A command id a dead letter still names is kept: retrying the dead letter must recognise
+    // the command, applied or not, instead of storing it anew.
+    const NAMED: &str =
+        "EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = 'inbox' AND d.message_id = inbox.id)";
     const REPLACED: &str = "(retained = 0 OR EXISTS (SELECT 1 FROM inbox AS n
                                 WHERE n.retained = 1 AND n.topic = inbox.topic AND n.seq > inbox.seq))";
     let applied = conn.execute(
         &format!(
             "DELETE FROM inbox WHERE seq IN (SELECT seq FROM inbox WHERE applied_at < ?1 AND {REPLACED}
-             AND (done_uptime IS NULL OR done_uptime <= ?3) LIMIT ?2)"
+             AND (done_uptime IS NULL OR done_uptime <= ?3) AND NOT {NAMED} LIMIT ?2)"
         ),
         params![cutoff, batch, uptime_cutoff],
     )?;
     let dropped = conn.execute(
         &format!(
             "DELETE FROM inbox WHERE seq IN (SELECT seq FROM inbox WHERE dead_at < ?1 AND {REPLACED}
-             AND (done_uptime IS NULL OR done_uptime <= ?3) AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = 'inbox' AND d.message_id = inbox.id)
-             LIMIT ?2)"
+             AND (done_uptime IS NULL OR done_uptime <= ?3) AND NOT {NAMED} LIMIT ?2)"
         ),
         params![cutoff, batch, uptime_cutoff],
     )?;

@@ -11,19 +11,20 @@ use crate::error::{Error, Result};
 /// Retries dead letter `dl_id` in one transaction: requeued, and the dead letter deleted.
 pub(crate) fn retry(conn: &mut Connection, options: &Options, dl_id: i64) -> Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    type Row = (String, Option<Vec<u8>>, String, Option<Vec<u8>>);
+    type Row = (String, Option<Vec<u8>>, String, Option<Vec<u8>>, bool);
     let row: Option<Row> = tx
         .query_row(
-            "SELECT origin, message_id, topic, CAST(payload AS BLOB) FROM dead_letters WHERE dl_id = ?1",
+            "SELECT origin, message_id, topic, CAST(payload AS BLOB), refused FROM dead_letters WHERE dl_id = ?1",
             [dl_id],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
         )
         .optional()?;
-    let Some((origin, message_id, topic, raw)) = row else {
+    let Some((origin, message_id, topic, raw, refused)) = row else {
         return Err(Error::NotFound(format!("dead letter {dl_id}")));
     };
     match (origin.as_str(), message_id) {
-        // A stored command: give it a fresh set of attempts; its inbox row still holds its id.
+        // A stored command: give it a fresh set of attempts; its inbox row still holds its id
+        // (pruning keeps it while this dead letter names it).
         ("inbox", Some(id)) => {
             let changed = tx.execute(
                 "UPDATE inbox SET dead_at = NULL, done_uptime = NULL, attempts = 0, next_attempt_at = 0, last_error = NULL
@@ -44,6 +45,15 @@ pub(crate) fn retry(conn: &mut Connection, options: &Options, dl_id: i64) -> Res
                             .into(),
                     });
                 }
+                if !refused {
+                    // A stored command's dead letter holds its payload, not the delivery: there
+                    // is nothing to receive again.
+                    return Err(Error::NotFound(format!(
+                        "the command of dead letter {dl_id} in the inbox (deleted by hand?); drop the \
+                         dead letter"
+                    )));
+                }
+                // Refused with a readable id, and never stored: receive it again.
                 receive_again(&tx, options, dl_id, &topic, raw.as_deref())?;
             }
         }

@@ -292,6 +292,8 @@ END;
 ALTER TABLE dead_letters ADD COLUMN refused INTEGER NOT NULL DEFAULT 0 CHECK (refused IN (0, 1));
 UPDATE dead_letters SET refused = 1 WHERE origin = 'inbox' AND attempts = 0;
 CREATE INDEX dead_letters_refused ON dead_letters (dl_id) WHERE refused = 1;
+-- Pruning keeps a command id while a dead letter names it.
+CREATE INDEX dead_letters_by_message ON dead_letters (message_id) WHERE message_id IS NOT NULL;
 -- The refused dead letters kept (kept by triggers, whoever deletes them), and those evicted.
 CREATE TABLE edge_outbox_refusals (
     only          INTEGER PRIMARY KEY CHECK (only = 1),
