@@ -1,7 +1,9 @@
 //! Deliberately broken builds, to prove the tests catch what they claim to (feature `mutants`;
-//! never in production). `EDGE_OUTBOX_MUTANT=<name>` switches one on; each breaks one guarantee,
-//! and `cargo test --all-features --test crash` must fail with it (its own last scenario runs the
-//! harness against each and fails if one survives). See docs/reliability.md.
+//! never in production). `EDGE_OUTBOX_MUTANT=<name>` switches one on; each breaks one guarantee.
+//! With each of [`MUTANTS`], `cargo test --all-features --test crash` must fail (its own last
+//! scenario runs the harness against each and fails if one survives); each of
+//! [`SCENARIO_MUTANTS`] is caught by the test file it names, which runs itself against it. See
+//! docs/reliability.md.
 //!
 //! Without the feature, [`active`] is a constant `false` and every mutant compiles away.
 

@@ -219,8 +219,10 @@ impl RelayConfig {
     /// Largest MQTT packet the command session reads at all (default 16 MiB), so that a delivery
     /// above [`max_command_bytes`](Self::max_command_bytes) can still be read, dead-lettered and
     /// acknowledged. A packet above this cannot be read: under MQTT 3.1.1 the broker cannot be
-    /// told, and would deliver it again at every connection. Configure the broker to refuse
-    /// larger messages on the command topics (mosquitto: `message_size_limit`).
+    /// told, and would deliver it again at every connection; under MQTT 5 it is the session's
+    /// maximum packet size, and the broker drops a larger message for this client without the
+    /// device seeing any trace of it (docs/security.md). Configure the broker to refuse larger
+    /// messages on the command topics (mosquitto: `message_size_limit`).
     pub fn command_read_limit(mut self, bytes: usize) -> Self {
         self.command_read_limit = bytes;
         self

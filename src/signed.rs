@@ -111,24 +111,18 @@ impl TrustedKeys {
         self.keys.iter().map(|(id, _)| id.as_str())
     }
 
-    /// The policy a file stores for these keys (keys ordered by id, so equal sets compare equal).
-    pub(crate) fn to_policy(&self) -> crate::store::trust::Policy {
-        let mut keys = self.keys.clone();
-        keys.sort();
-        crate::store::trust::Policy {
-            keys,
-            max_age: self.max_age,
-            clock_skew: self.clock_skew,
-            required_since: crate::time::now_ms(),
-        }
+    /// The keys (id, public key) and the window (maximum age, clock skew), for the store to
+    /// record.
+    pub(crate) fn parts(&self) -> (&[(String, [u8; 32])], Duration, Duration) {
+        (&self.keys, self.max_age, self.clock_skew)
     }
 
-    /// The keys and window a file's policy holds.
-    pub(crate) fn from_policy(policy: &crate::store::trust::Policy) -> Self {
+    /// Keys and a window as a store recorded them.
+    pub(crate) fn from_parts(keys: Vec<(String, [u8; 32])>, max_age: Duration, clock_skew: Duration) -> Self {
         TrustedKeys {
-            keys: policy.keys.clone(),
-            max_age: policy.max_age,
-            clock_skew: policy.clock_skew,
+            keys,
+            max_age,
+            clock_skew,
         }
     }
 

@@ -234,16 +234,13 @@ type Verified<'a> = std::result::Result<(Cow<'a, [u8]>, String), String>;
 
 #[cfg(feature = "signed-commands")]
 fn verify<'a>(policy: &trust::Policy, topic: &str, bytes: &'a [u8]) -> Result<Verified<'a>> {
-    Ok(crate::signed::TrustedKeys::from_policy(policy).open(topic, bytes))
+    Ok(trust::keys_of(policy).open(topic, bytes))
 }
 
 /// The `handle-keys-only` mutant: the handle's own keys, as before the policy was in the file.
 #[cfg(feature = "signed-commands")]
 fn handle_policy(options: &Options) -> Option<trust::Policy> {
-    options
-        .trusted_keys
-        .as_ref()
-        .map(crate::signed::TrustedKeys::to_policy)
+    options.trusted_keys.as_ref().map(trust::policy_of)
 }
 
 #[cfg(not(feature = "signed-commands"))]

@@ -13,7 +13,7 @@ use crate::signed::TrustedKeys;
 /// exactly these keys within the same window, or the open fails: the keys change only through
 /// [`Outbox::require_signed_commands`].
 pub(crate) fn adopt_on_open(conn: &mut Connection, keys: &TrustedKeys) -> Result<()> {
-    let wanted = keys.to_policy();
+    let wanted = trust::policy_of(keys);
     // Read first: an open that changes nothing takes no write lock.
     if trust::load(conn)?.is_some_and(|p| trust::same_rule(&p, &wanted)) {
         return Ok(());
@@ -66,7 +66,7 @@ impl Outbox {
     pub fn require_signed_commands(&self, keys: TrustedKeys) -> Result<()> {
         keys.validate(self.shared.options.inbox_retention)?;
         self.with_policy_tx(|tx| {
-            trust::require(tx, &keys.to_policy(), "Outbox::require_signed_commands")?;
+            trust::require(tx, &trust::policy_of(&keys), "Outbox::require_signed_commands")?;
             Ok(())
         })
     }
@@ -84,7 +84,7 @@ impl Outbox {
     /// The keys this file requires commands to be signed by, or `None` when it accepts unsigned
     /// commands.
     pub fn trusted_command_keys(&self) -> Result<Option<TrustedKeys>> {
-        Ok(trust::load(&self.lock())?.as_ref().map(TrustedKeys::from_policy))
+        Ok(trust::load(&self.lock())?.as_ref().map(trust::keys_of))
     }
 
     fn with_policy_tx(&self, f: impl FnOnce(&Connection) -> Result<()>) -> Result<()> {

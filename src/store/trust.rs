@@ -9,10 +9,9 @@
 
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension};
 
 use crate::error::Result;
-use crate::time::now_ms;
 
 /// What the file requires of commands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +36,26 @@ impl Policy {
         let ids: Vec<&str> = self.keys.iter().map(|(id, _)| id.as_str()).collect();
         ids.join(", ")
     }
+}
+
+/// The policy a file records for `keys` (ordered by key id, so equal sets compare equal).
+#[cfg(feature = "signed-commands")]
+pub(crate) fn policy_of(keys: &crate::signed::TrustedKeys) -> Policy {
+    let (entries, max_age, clock_skew) = keys.parts();
+    let mut keys = entries.to_vec();
+    keys.sort();
+    Policy {
+        keys,
+        max_age,
+        clock_skew,
+        required_since: crate::time::now_ms(),
+    }
+}
+
+/// The keys a file's policy trusts, to verify with.
+#[cfg(feature = "signed-commands")]
+pub(crate) fn keys_of(policy: &Policy) -> crate::signed::TrustedKeys {
+    crate::signed::TrustedKeys::from_parts(policy.keys.clone(), policy.max_age, policy.clock_skew)
 }
 
 /// The file's policy: `None` when commands need no signature.
@@ -72,17 +91,18 @@ pub(crate) fn load(conn: &Connection) -> Result<Option<Policy>> {
 /// Requires signed commands from now on, trusting exactly `keys` within the window given, and
 /// logs the change with `why`. Run inside the caller's write transaction. Returns whether the
 /// policy changed (false: it already was exactly this).
+#[cfg(feature = "signed-commands")]
 pub(crate) fn require(conn: &Connection, wanted: &Policy, why: &str) -> Result<bool> {
     let before = load(conn)?;
     if before.as_ref().is_some_and(|p| same_rule(p, wanted)) {
         return Ok(false);
     }
-    let now = now_ms();
+    let now = crate::time::now_ms();
     conn.execute(
         "INSERT INTO edge_outbox_command_policy (only, max_age_ms, clock_skew_ms, required_since)
          VALUES (1, ?1, ?2, ?3)
          ON CONFLICT (only) DO UPDATE SET max_age_ms = excluded.max_age_ms, clock_skew_ms = excluded.clock_skew_ms",
-        params![
+        rusqlite::params![
             i64::try_from(wanted.max_age.as_millis()).unwrap_or(i64::MAX),
             i64::try_from(wanted.clock_skew.as_millis()).unwrap_or(i64::MAX),
             now
@@ -92,7 +112,7 @@ pub(crate) fn require(conn: &Connection, wanted: &Policy, why: &str) -> Result<b
     for (id, key) in &wanted.keys {
         conn.execute(
             "INSERT INTO edge_outbox_command_keys (key_id, public_key, trusted_at) VALUES (?1, ?2, ?3)",
-            params![id, key.as_slice(), now],
+            rusqlite::params![id, key.as_slice(), now],
         )?;
     }
     let change = match &before {
@@ -117,6 +137,7 @@ pub(crate) fn require(conn: &Connection, wanted: &Policy, why: &str) -> Result<b
 }
 
 /// Stops requiring signed commands, logged with `why`. Returns whether anything changed.
+#[cfg(feature = "signed-commands")]
 pub(crate) fn stop(conn: &Connection, why: &str) -> Result<bool> {
     let Some(old) = load(conn)? else {
         return Ok(false);
@@ -134,10 +155,12 @@ pub(crate) fn stop(conn: &Connection, why: &str) -> Result<bool> {
 }
 
 /// The same keys and window (the time it was first required does not matter).
+#[cfg(feature = "signed-commands")]
 pub(crate) fn same_rule(a: &Policy, b: &Policy) -> bool {
     a.keys == b.keys && a.max_age == b.max_age && a.clock_skew == b.clock_skew
 }
 
+#[cfg(feature = "signed-commands")]
 fn log(conn: &Connection, change: &str) -> Result<()> {
     conn.execute(
         "INSERT INTO edge_outbox_command_policy_log (change) VALUES (?1)",
