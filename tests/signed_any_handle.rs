@@ -95,6 +95,11 @@ fn the_handle_keys_only_mutant_is_caught() -> TestResult {
         return Ok(());
     }
     let test = "an_unsigned_command_stays_refused_through_the_cli_and_a_keyless_handle";
+    // The re-run itself tells a failing scenario from a passing one.
+    assert!(
+        !support::mutant::caught(test, "no-such-mutant")?,
+        "the unbroken build failed"
+    );
     assert!(
         support::mutant::caught(test, "handle-keys-only")?,
         "mutant survived"
