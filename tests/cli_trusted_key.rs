@@ -97,6 +97,20 @@ fn the_relay_with_a_trusted_key_stores_only_signed_commands() -> TestResult {
     assert_eq!(signed_by, "cloud-2026");
     let trusted = outbox.trusted_command_keys()?.ok_or("the file records no keys")?;
     assert_eq!(trusted.key_ids().collect::<Vec<_>>(), ["cloud-2026"]);
+    // And the operator sees it.
+    let status = Command::new(BIN)
+        .arg("--db")
+        .arg(&path)
+        .args(["status", "--json"])
+        .env_remove("RUST_LOG")
+        .output()?;
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout)?;
+    assert_eq!(json["signed_commands"]["required"], true, "{json}");
+    assert_eq!(
+        json["signed_commands"]["keys"],
+        serde_json::json!(["cloud-2026"]),
+        "{json}"
+    );
     drop(relay);
     Ok(())
 }
