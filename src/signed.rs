@@ -16,9 +16,15 @@
 //! while the inbox remembers it, and too old once it could have been forgotten: the maximum age
 //! must be below the inbox retention, which [`Outbox::open_with`](crate::Outbox::open_with) checks.
 //!
-//! **Key rotation.** Trust the new key next to the old one (each under its own key id), move the
-//! senders to the new key, and once no command signed with the old key can still be valid
-//! (after its maximum age), remove the old key from the devices' configuration.
+//! **The policy is in the file.** The first open with
+//! [`Options::trusted_command_keys`](crate::Options::trusted_command_keys) records the keys and
+//! window in the database; every handle on it verifies with those, whatever its own options (see
+//! `store::trust`), and they change only through
+//! [`Outbox::require_signed_commands`](crate::Outbox::require_signed_commands), which logs it.
+//!
+//! **Key rotation.** Trust the new key next to the old one (each under its own key id) with
+//! `Outbox::require_signed_commands`, move the senders to the new key, and once no command signed
+//! with the old key can still be valid (after its maximum age), call it again without the old key.
 
 use std::borrow::Cow;
 use std::time::Duration;

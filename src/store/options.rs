@@ -342,6 +342,11 @@ impl Options {
     /// commands are not signed). A delivery that is not a valid signed command is dead-lettered
     /// with the reason, before anything is stored as applicable. See [`TrustedKeys`](crate::TrustedKeys)
     /// and docs/wire-format.md.
+    ///
+    /// The first open with keys records them in the file, and from then on every handle on it
+    /// verifies with the file's keys, this option or not. A later open must give the same keys
+    /// and window, or fails with [`Error::InvalidConfig`]: change them with
+    /// [`Outbox::require_signed_commands`](crate::Outbox::require_signed_commands).
     #[cfg(feature = "signed-commands")]
     pub fn trusted_command_keys(mut self, keys: crate::signed::TrustedKeys) -> Self {
         self.trusted_keys = Some(keys);
