@@ -154,12 +154,9 @@ const NEXT_DUE_AT: &str = "
 /// command, in one committed transaction.
 pub(crate) fn claim(conn: &mut Connection, a: &Applier<'_>) -> Result<ClaimStep> {
     let _turn = gate::enter(conn, a.options.busy_timeout)?;
+    release_stranded(conn, a)?;
     let now = now_ms();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    let stranded = std::mem::take(&mut *a.stranded.lock().unwrap_or_else(PoisonError::into_inner));
-    for held in &stranded {
-        release(&tx, a, *held)?;
-    }
     let abandoned_before = now.saturating_sub(ms(a.options.attempt_timeout));
     let recovered_dead = recover(&tx, a.options, "attempt_started_at < ?1", abandoned_before)?;
     let double_apply = crate::mutant::active("double-apply");
@@ -499,6 +496,25 @@ fn release_or_keep(conn: &mut Connection, a: &Applier<'_>, held: Held) {
             .unwrap_or_else(PoisonError::into_inner)
             .push(held);
     }
+}
+
+/// Releases the claims [`release_or_keep`] could not, in their own transaction; they stay listed
+/// until it commits, so a claim step that fails (the database still locked) loses none.
+fn release_stranded(conn: &mut Connection, a: &Applier<'_>) -> Result<()> {
+    let stranded: Vec<Held> = a.stranded.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    if stranded.is_empty() {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    for held in &stranded {
+        release(&tx, a, *held)?;
+    }
+    tx.commit()?;
+    a.stranded
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .retain(|held| !stranded.contains(held));
+    Ok(())
 }
 
 /// Clears the claim `held` (if it is still this worker's and the command is still waiting) and

@@ -342,9 +342,10 @@ fn refuse_with_id(
 /// the retention. A command whose id a dead letter names keeps its row: retrying the dead letter
 /// puts a dead row back in line, and recognises an applied one.
 ///
-/// A command that arrived retained keeps its id past the retention while it is the newest retained
-/// command on its topic: the broker holds one retained message per topic and sends it again at
-/// every subscription, so only a newer one can replace it there.
+/// A command stored as retained (with retained commands kept, every one the relay's session
+/// stores) keeps its id past the retention while it is the newest retained command on its topic:
+/// the broker holds one retained message per topic and sends it again at every subscription, so
+/// only a newer one can replace it there.
 pub(crate) fn prune(conn: &Connection, options: &Options, batch: usize) -> Result<u64> {
     // Never shorter than the file's replay window, whatever this handle's retention: a replay of
     // a signed command must find its id, or be too old to verify.
@@ -359,12 +360,12 @@ pub(crate) fn prune(conn: &Connection, options: &Options, batch: usize) -> Resul
     // forget an applied id a broker may still redeliver.
     let uptime_cutoff = super::uptime::cutoff(conn, options, retention)?;
     let batch = i64::try_from(batch).unwrap_or(i64::MAX);
-    // A retained command's id is kept while it is the newest retained one on its topic: the
-    // broker sends it again at every subscription, and it must be recognised, never applied twice.
     // A command id a dead letter still names is kept: retrying the dead letter must recognise
     // the command, applied or not, instead of storing it anew.
     const NAMED: &str =
         "EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = 'inbox' AND d.message_id = inbox.id)";
+    // A retained command's id is kept while it is the newest retained one on its topic: the
+    // broker sends it again at every subscription, and it must be recognised, never applied twice.
     const REPLACED: &str = "(retained = 0 OR EXISTS (SELECT 1 FROM inbox AS n
                                 WHERE n.retained = 1 AND n.topic = inbox.topic AND n.seq > inbox.seq))";
     let applied = conn.execute(
