@@ -10,7 +10,7 @@ mod support;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{TestResult, command_bytes, temp_db};
+use common::{TestResult, command_bytes, query_i64, temp_db};
 use edge_outbox::{ApplyOutcome, Error, MessageId, Options, Outbox};
 
 #[test]
@@ -21,24 +21,40 @@ fn a_busy_record_step_releases_its_claim() -> TestResult {
     outbox.receive("cmd", &command_bytes(first, "valve-1", &1)?)?;
     outbox.receive("cmd", &command_bytes(second, "valve-1", &2)?)?;
 
-    let (locked_tx, locked_rx) = mpsc::channel::<()>();
+    // The outside step has another process take the write lock and keep it: only once the claim
+    // has committed, so that the record step is the one that finds it locked.
     let (free_tx, free_rx) = mpsc::channel::<()>();
-    let blocker_path = path.clone();
-    let blocker = std::thread::spawn(move || -> rusqlite::Result<()> {
-        let conn = rusqlite::Connection::open(blocker_path)?;
-        conn.execute_batch("BEGIN IMMEDIATE")?;
-        let _ = locked_tx.send(());
-        let _ = free_rx.recv();
-        conn.execute_batch("COMMIT")
-    });
-    // The outside step runs while another process takes the write lock and keeps it.
+    let mut blocker = None;
     let busy = outbox.apply_next_two_phase(
-        |_cmd| locked_rx.recv().map_err(|e| e.to_string()),
+        |_cmd| -> Result<(), String> {
+            let (locked_tx, locked_rx) = mpsc::channel::<()>();
+            let path = path.clone();
+            blocker = Some(std::thread::spawn(move || -> rusqlite::Result<()> {
+                let conn = rusqlite::Connection::open(path)?;
+                conn.execute_batch("BEGIN IMMEDIATE")?;
+                let _ = locked_tx.send(());
+                let _ = free_rx.recv();
+                conn.execute_batch("COMMIT")
+            }));
+            locked_rx.recv().map_err(|e| e.to_string())
+        },
         |_tx, _cmd, ()| Ok::<_, Error>(()),
     );
     assert!(matches!(busy, Err(Error::Busy)), "{busy:?}");
+    // Still locked: the claim could not be released yet either.
+    assert_eq!(
+        query_i64(
+            &outbox,
+            "SELECT count(*) FROM inbox WHERE attempt_started_at IS NOT NULL"
+        )?,
+        1,
+        "the record step was the one that found the database locked"
+    );
     free_tx.send(())?;
-    blocker.join().map_err(|_| "blocker panicked")??;
+    blocker
+        .ok_or("the outside step never ran")?
+        .join()
+        .map_err(|_| "blocker panicked")??;
 
     let mut seen = Vec::new();
     for _ in 0..2 {
