@@ -116,6 +116,15 @@ pub enum Error {
         /// How long it had been running.
         running_for: std::time::Duration,
     },
+    /// A dead letter was not put back: receiving it again refused it (a device that requires
+    /// signed commands verifies a retried one like any delivery), or its command is already in
+    /// the inbox. Nothing changed: it stays in the dead letters.
+    RetryRefused {
+        /// The dead letter, still there.
+        dead_letter_id: i64,
+        /// Why it was not put back.
+        reason: String,
+    },
     /// A file-system operation failed.
     Io {
         /// What was being done, e.g. `"creating /data/outbox.db"`.
@@ -233,6 +242,13 @@ impl fmt::Display for Error {
                 "the command handler did not return within the shutdown timeout: it has been \
                  applying command {command} for {running_for:.1?}; its thread was left running \
                  (the attempt is counted: after a restart the command is retried or dead-lettered)"
+            ),
+            Error::RetryRefused {
+                dead_letter_id,
+                reason,
+            } => write!(
+                f,
+                "dead letter {dead_letter_id} was not put back and stays in the dead letters: {reason}"
             ),
             Error::Io { context, source } => write!(f, "{context}: {source}"),
             Error::Sqlite(e) => write!(f, "database error: {e}"),

@@ -101,7 +101,9 @@
 //! - `cli`: the `edge-outbox` command-line tool.
 //! - `demo`: `edge-outbox demo`, with an in-process broker.
 //! - `signed-commands`: the device applies only commands signed (COSE_Sign1, Ed25519) by a key
-//!   it trusts ([`Options::trusted_command_keys`], [`TrustedKeys`], [`CommandSigner`]).
+//!   it trusts ([`Options::trusted_command_keys`], [`TrustedKeys`], [`CommandSigner`]); the
+//!   requirement is stored in the file and holds for every handle
+//!   ([`Outbox::require_signed_commands`]; docs/security.md).
 //! - `metrics`: [`metrics::encode`], the store's and the relay's figures in the Prometheus text
 //!   format, and [`RelayConfig::metrics_file`] (enabled by `cli`).
 //! - `failpoints`: named crash points for the crash tests; never in production builds.

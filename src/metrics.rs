@@ -82,6 +82,18 @@ pub fn encode(stats: &Stats, relay: Option<&RelayReport>) -> String {
     );
     gauge(
         &mut r,
+        "refusals_kept",
+        "Dead letters of deliveries refused before they were stored (bounded)",
+        stats.refusals_kept,
+    );
+    counter(
+        &mut r,
+        "refusals_evicted",
+        "Refused deliveries evicted from the dead letters to stay within their bounds",
+        stats.refusals_evicted,
+    );
+    gauge(
+        &mut r,
         "inbox_unapplied",
         "Commands received and not yet applied",
         stats.inbox_unapplied,

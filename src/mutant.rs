@@ -1,7 +1,9 @@
 //! Deliberately broken builds, to prove the tests catch what they claim to (feature `mutants`;
-//! never in production). `EDGE_OUTBOX_MUTANT=<name>` switches one on; each breaks one guarantee,
-//! and `cargo test --all-features --test crash` must fail with it (its own last scenario runs the
-//! harness against each and fails if one survives). See docs/reliability.md.
+//! never in production). `EDGE_OUTBOX_MUTANT=<name>` switches one on; each breaks one guarantee.
+//! With each of [`MUTANTS`], `cargo test --all-features --test crash` must fail (its own last
+//! scenario runs the harness against each and fails if one survives); each of
+//! [`SCENARIO_MUTANTS`] is caught by the test file it names, which runs itself against it. See
+//! docs/reliability.md.
 //!
 //! Without the feature, [`active`] is a constant `false` and every mutant compiles away.
 
@@ -21,6 +23,27 @@ pub const MUTANTS: &[&str] = &[
     // Coalescing rows are published without being claimed, so a newer value replaces one that is
     // on the wire (it is delivered and announced coalesced).
     "skip-claim",
+];
+
+/// Mutants of guarantees the crash harness cannot see (who may command a device, how a claim is
+/// released), each caught by its own scenario test instead: (name, the test file that runs itself
+/// with the mutant on and fails unless its scenario fails).
+pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
+    // Receiving verifies with the handle's own keys only, not the file's: a keyless handle (the
+    // CLI's retry) stores unsigned commands.
+    ("handle-keys-only", "tests/signed_any_handle.rs"),
+    // A claim whose record step failed (the database locked past the busy timeout) is left set:
+    // its key is blocked until the attempt timeout.
+    ("strand-claim", "tests/busy_claim_released.rs"),
+    // With retained commands kept, a live delivery (retain flag cleared by the broker) is stored
+    // as not retained: its id is pruned, and the broker's resend at the next subscription is
+    // applied again.
+    ("live-not-retained", "tests/retained_live_applied_once.rs"),
+    // Refused deliveries are kept without bound: a flood of junk fills the disk.
+    ("unbounded-refusals", "tests/refusal_flood.rs"),
+    // Pruning forgets command ids after the pruning handle's own retention, not at least the
+    // file's replay window: a handle with a shorter one reopens the window for replays.
+    ("own-retention", "tests/signed_replay_window_prune.rs"),
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);

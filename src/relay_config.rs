@@ -221,8 +221,10 @@ impl RelayConfig {
     /// Largest MQTT packet the command session reads at all (default 16 MiB), so that a delivery
     /// above [`max_command_bytes`](Self::max_command_bytes) can still be read, dead-lettered and
     /// acknowledged. A packet above this cannot be read: under MQTT 3.1.1 the broker cannot be
-    /// told, and would deliver it again at every connection. Configure the broker to refuse
-    /// larger messages on the command topics (mosquitto: `message_size_limit`).
+    /// told, and would deliver it again at every connection; under MQTT 5 it is the session's
+    /// maximum packet size, and the broker drops a larger message for this client without the
+    /// device seeing any trace of it (docs/security.md). Configure the broker to refuse larger
+    /// messages on the command topics (mosquitto: `message_size_limit`).
     pub fn command_read_limit(mut self, bytes: usize) -> Self {
         self.command_read_limit = bytes;
         self
@@ -231,9 +233,14 @@ impl RelayConfig {
     /// Store command deliveries that carry MQTT's retain flag (default false: acknowledge and
     /// ignore them, counted in [`Status::commands_retained_ignored`](crate::Status::commands_retained_ignored)). A broker sends a retained
     /// message again at every subscription, which the command session makes at every connection.
-    /// When stored, its id is kept past the inbox retention while it is the newest retained
-    /// command on its topic, so a resent retained command is always recognised, never applied
-    /// twice.
+    /// When true, every command the session stores counts as its topic's retained command,
+    /// whatever the flag of the delivery that brought it: a broker clears the flag on live
+    /// deliveries, so one published retained while the device is subscribed looks like any
+    /// other. Its id is kept past the inbox retention while it is the newest command on its
+    /// topic, so a resent retained command is always recognised, never applied twice; an older
+    /// one replaced by a newer one is pruned after the retention. Publish every command on such
+    /// topics retained: a newer command published without the flag counts as the replacement,
+    /// and the broker would still resend the older one after its id was pruned.
     pub fn retained_commands(mut self, store: bool) -> Self {
         self.retained_commands = store;
         self

@@ -16,9 +16,15 @@
 //! while the inbox remembers it, and too old once it could have been forgotten: the maximum age
 //! must be below the inbox retention, which [`Outbox::open_with`](crate::Outbox::open_with) checks.
 //!
-//! **Key rotation.** Trust the new key next to the old one (each under its own key id), move the
-//! senders to the new key, and once no command signed with the old key can still be valid
-//! (after its maximum age), remove the old key from the devices' configuration.
+//! **The policy is in the file.** The first open with
+//! [`Options::trusted_command_keys`](crate::Options::trusted_command_keys) records the keys and
+//! window in the database; every handle on it verifies with those, whatever its own options (see
+//! `store::trust`), and they change only through
+//! [`Outbox::require_signed_commands`](crate::Outbox::require_signed_commands), which logs it.
+//!
+//! **Key rotation.** Trust the new key next to the old one (each under its own key id) with
+//! `Outbox::require_signed_commands`, move the senders to the new key, and once no command signed
+//! with the old key can still be valid (after its maximum age), call it again without the old key.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -106,6 +112,26 @@ impl TrustedKeys {
         self
     }
 
+    /// The key ids trusted, in the order they were added.
+    pub fn key_ids(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(|(id, _)| id.as_str())
+    }
+
+    /// The keys (id, public key) and the window (maximum age, clock skew), for the store to
+    /// record.
+    pub(crate) fn parts(&self) -> (&[(String, [u8; 32])], Duration, Duration) {
+        (&self.keys, self.max_age, self.clock_skew)
+    }
+
+    /// Keys and a window as a store recorded them.
+    pub(crate) fn from_parts(keys: Vec<(String, [u8; 32])>, max_age: Duration, clock_skew: Duration) -> Self {
+        TrustedKeys {
+            keys,
+            max_age,
+            clock_skew,
+        }
+    }
+
     pub(crate) fn validate(&self, inbox_retention: Duration) -> Result<()> {
         if self.keys.is_empty() {
             return Err(Error::InvalidConfig(
@@ -135,13 +161,13 @@ impl TrustedKeys {
         Ok(())
     }
 
-    /// Checks a signed command that arrived on `topic` and returns the envelope inside it, or
-    /// why it is refused.
+    /// Checks a signed command that arrived on `topic` and returns the envelope inside it with
+    /// the id of the key that signed it, or why it is refused.
     pub(crate) fn open<'a>(
         &self,
         topic: &str,
         bytes: &'a [u8],
-    ) -> std::result::Result<Cow<'a, [u8]>, String> {
+    ) -> std::result::Result<(Cow<'a, [u8]>, String), String> {
         // Our own reader first: well-formed, depth-bounded, one pass, before a general decoder.
         if let Err(e) = cbor::check_one_item(bytes) {
             return Err(format!("signed command: not a COSE_Sign1 ({e})"));
@@ -211,7 +237,7 @@ impl TrustedKeys {
         let payload = sign1
             .payload
             .ok_or_else(|| "signed command: the COSE_Sign1 has no payload".to_owned())?;
-        Ok(Cow::Owned(payload))
+        Ok((Cow::Owned(payload), key_id))
     }
 }
 

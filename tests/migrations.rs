@@ -427,8 +427,86 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
     Ok(())
 }
 
-/// Undoes migration 6 on `conn`'s file: what a version 5 build left.
+/// Undoes migration 7 on `conn`'s file: what a version 6 build left.
+fn down_to_6(conn: &rusqlite::Connection) -> TestResult {
+    conn.execute_batch(
+        "DROP TRIGGER dead_letters_refused_insert;
+         DROP TRIGGER dead_letters_refused_delete;
+         DROP TABLE edge_outbox_refusals;
+         DROP INDEX dead_letters_refused;
+         DROP INDEX dead_letters_by_message;
+         ALTER TABLE dead_letters DROP COLUMN refused;
+         DROP TRIGGER inbox_requires_signature;
+         DROP TABLE edge_outbox_command_policy;
+         DROP TABLE edge_outbox_command_keys;
+         DROP TABLE edge_outbox_command_policy_log;
+         ALTER TABLE inbox DROP COLUMN signed_by;
+         UPDATE edge_outbox_meta SET value = 6 WHERE name = 'schema_version';",
+    )?;
+    Ok(())
+}
+
+/// The shape of a file's schema: every table's columns, every index's and trigger's SQL.
+fn shape(o: &Outbox) -> TestResult<Vec<(String, String)>> {
+    Ok(o.with_connection(|c| {
+        c.prepare(
+            "SELECT name, CASE type WHEN 'table' THEN
+                 (SELECT group_concat(name || ' ' || type || ' ' || \"notnull\" || ' ' || coalesce(dflt_value, ''), ', ')
+                  FROM pragma_table_info(m.name))
+             ELSE sql END
+             FROM sqlite_schema m WHERE name NOT LIKE 'sqlite_%' ORDER BY name",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get::<_, Option<String>>(1)?.unwrap_or_default())))?
+        .collect::<Result<Vec<_>, _>>()
+    })?)
+}
+
+/// A version 6 file is migrated to version 7 in place: its commands are kept and applied, it
+/// requires no signature until told to, its refused deliveries are counted as such, and it has
+/// the shape of a file this build creates.
+#[test]
+fn a_version_6_inbox_is_migrated_to_version_7_and_requires_no_signature() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    let pending = edge_outbox::MessageId::new_v7();
+    {
+        let outbox = Outbox::open(&path)?;
+        outbox.receive("cmd", &common::command_bytes(pending, "k", &3)?)?;
+        outbox.receive("cmd", b"junk")?;
+        drop(outbox);
+        down_to_6(&rusqlite::Connection::open(&path)?)?;
+    }
+    let outbox = Outbox::open(&path)?;
+    assert_eq!(schema_version(&outbox)?, SCHEMA_VERSION);
+    assert_eq!(
+        query_i64(&outbox, "SELECT count(*) FROM edge_outbox_command_policy")?,
+        0
+    );
+    assert_eq!(
+        query_i64(&outbox, "SELECT count(*) FROM inbox WHERE signed_by IS NULL")?,
+        1
+    );
+    let stats = outbox.stats()?;
+    assert_eq!(
+        (stats.refusals_kept, stats.refusals_kept_bytes),
+        (1, 4),
+        "{stats:?}"
+    );
+    let outcome = outbox.apply_next(|_tx, _cmd| Ok::<_, Error>(()))?;
+    assert_eq!(
+        outcome,
+        edge_outbox::ApplyOutcome::Applied {
+            id: pending,
+            published: 0
+        }
+    );
+    let (_fresh_dir, fresh_path) = temp_db()?;
+    assert_eq!(shape(&outbox)?, shape(&Outbox::open(&fresh_path)?)?);
+    Ok(())
+}
+
+/// Undoes migrations 7 and 6 on `conn`'s file: what a version 5 build left.
 fn down_to_5(conn: &rusqlite::Connection) -> TestResult {
+    down_to_6(conn)?;
     conn.execute_batch(
         "DROP TRIGGER outbox_coalesce;
          DROP INDEX outbox_coalescing;
@@ -477,19 +555,6 @@ fn a_version_5_outbox_is_migrated_to_version_6_with_its_rows_in_lane_0() -> Test
     // The same indexes and triggers as a file created by this build, and the same columns.
     let (_fresh_dir, fresh_path) = temp_db()?;
     let fresh = Outbox::open(&fresh_path)?;
-    let shape = |o: &Outbox| -> TestResult<Vec<(String, String)>> {
-        Ok(o.with_connection(|c| {
-            c.prepare(
-                "SELECT name, CASE type WHEN 'table' THEN
-                     (SELECT group_concat(name || ' ' || type || ' ' || \"notnull\" || ' ' || coalesce(dflt_value, ''), ', ')
-                      FROM pragma_table_info(m.name))
-                 ELSE sql END
-                 FROM sqlite_schema m WHERE name NOT LIKE 'sqlite_%' ORDER BY name",
-            )?
-            .query_map([], |r| Ok((r.get(0)?, r.get::<_, Option<String>>(1)?.unwrap_or_default())))?
-            .collect::<Result<Vec<_>, _>>()
-        })?)
-    };
     assert_eq!(shape(&outbox)?, shape(&fresh)?);
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! Signed commands (feature `signed-commands`): a device that trusts some keys applies a command
 //! only if one of them signed it, for the topic it arrived on, within its validity window.
 //! Tampered, wrong-key, unsigned, expired, too-old and replayed commands are refused; refusals
-//! are dead-lettered with the reason, before anything is stored as applicable.
+//! are dead-lettered with the reason, before anything is stored as applicable. The keys live in
+//! the file and change only through `Outbox::require_signed_commands`.
 #![cfg(feature = "signed-commands")]
 
 mod common;
@@ -164,8 +165,21 @@ fn keys_rotate_by_trusting_the_new_one_beside_the_old_then_dropping_the_old() ->
             Received::Stored(env.id)
         );
     }
+    // The file keeps the keys it trusts: new options alone do not change them.
+    match Outbox::open_with(&path, options(trusting(&[&new]))) {
+        Err(Error::InvalidConfig(why)) => assert!(why.contains("require_signed_commands"), "{why}"),
+        other => panic!("options with other keys were accepted: {other:?}"),
+    }
+    // Dropping the old key is an explicit operation, and logged.
+    during.require_signed_commands(trusting(&[&new]))?;
     drop(during);
     let after = Outbox::open_with(&path, options(trusting(&[&new])))?;
+    let changes: i64 = after.with_connection(|c| {
+        c.query_row("SELECT count(*) FROM edge_outbox_command_policy_log", [], |r| {
+            r.get(0)
+        })
+    })?;
+    assert_eq!(changes, 2, "required at the first open, then the old key dropped");
     let env = command(1)?;
     let reason = refused(after.receive(TOPIC, &old.sign(TOPIC, &env, Duration::from_secs(600))?)?);
     assert!(reason.contains("\"cloud-2026\" is not a trusted key"), "{reason}");

@@ -40,6 +40,17 @@ pub(crate) fn admit(payload_len: usize, retained: bool, limits: DeliveryLimits) 
     Admission::Store
 }
 
+/// Whether a stored delivery counts as its topic's retained command. With retained commands kept,
+/// every one does, whatever its flag: a broker clears the retain flag on a live delivery, so a
+/// command published retained while the device was subscribed arrives looking like any other,
+/// and comes back, flag set, at every new subscription.
+fn as_retained(flag: bool, limits: DeliveryLimits) -> bool {
+    if crate::mutant::active("live-not-retained") {
+        return flag;
+    }
+    flag || limits.accept_retained
+}
+
 /// What became of a delivery. Whatever it is, the delivery may now be acknowledged.
 #[derive(Debug)]
 pub(crate) enum Handled {
@@ -61,14 +72,14 @@ pub(crate) fn handle(
     let _turn = gate::enter(conn, options.busy_timeout)?;
     Ok(match admit(bytes.len(), retained, limits) {
         Admission::IgnoreRetained => Handled::IgnoredRetained,
-        Admission::TooLarge(reason) => Handled::Received(refuse(conn, topic, None, &reason)?),
+        Admission::TooLarge(reason) => Handled::Received(refuse(conn, options, topic, None, &reason)?),
         Admission::Store => Handled::Received(receive_delivery(
             conn,
             options,
             Delivery {
                 topic,
                 bytes,
-                retained,
+                retained: as_retained(retained, limits),
             },
         )?),
     })
@@ -94,5 +105,16 @@ mod tests {
         };
         assert_eq!(admit(10, true, keep), Admission::Store);
         assert!(matches!(admit(101, true, keep), Admission::TooLarge(_)));
+    }
+
+    #[test]
+    fn with_retained_commands_kept_every_delivery_counts_as_retained() {
+        let keep = DeliveryLimits {
+            accept_retained: true,
+            ..LIMITS
+        };
+        assert!(as_retained(false, keep));
+        assert!(as_retained(true, keep));
+        assert!(!as_retained(false, LIMITS));
     }
 }

@@ -82,9 +82,11 @@ pub(crate) fn run_handler(
     let mut unsettled = Unsettled::default();
     let mut version: Option<i64> = None;
     let options = outbox.options().clone();
+    let stranded = std::sync::Mutex::new(Vec::new());
     let applier = Applier {
         options: &options,
         owner: RELAY_OWNER,
+        stranded: &stranded,
         path: outbox.canonical_path(),
     };
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));

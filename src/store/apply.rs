@@ -13,11 +13,18 @@
 //! handler (one per file, by the relay lock) recovers its abandoned attempts when it starts; any
 //! worker recovers attempts older than [`Options::attempt_timeout`]. Recovering counts a failure
 //! ("handler did not return"), or dead-letters the command once its attempts are used up.
+//!
+//! An attempt whose handler returned but whose record (or failure) step could not write, the
+//! database locked by another connection past the busy timeout, is not abandoned: its claim is
+//! released at once, or by the worker's next claim step if the lock is still held, and the
+//! attempt is taken back (not counted). The command is claimed again; a two-phase `act` runs
+//! again, which its at-least-once contract allows.
 
 use std::any::Any;
 use std::fmt::Display;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
@@ -41,6 +48,9 @@ pub(crate) struct Applier<'a> {
     pub options: &'a Options,
     /// `claimed_by` for this worker's attempts.
     pub owner: &'a str,
+    /// Claims this worker could not release when their attempt failed to finish (the release
+    /// itself found the database locked): released by its next claim step.
+    pub stranded: &'a Mutex<Vec<Held>>,
     /// The file's canonical path: while the record step holds its write lock, writes through any
     /// `Outbox` on the same file from this thread fail at once instead of waiting for themselves.
     pub path: &'a Path,
@@ -90,6 +100,22 @@ pub(crate) struct Claim {
     pub command: Command,
 }
 
+/// What identifies a claim in the inbox: its row and the start time it was claimed with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    seq: i64,
+    started_at: i64,
+}
+
+impl Claim {
+    fn held(&self) -> Held {
+        Held {
+            seq: self.seq,
+            started_at: self.started_at,
+        }
+    }
+}
+
 /// The outcome of the claim step.
 pub(crate) enum Claimed {
     Command(Claim),
@@ -128,6 +154,7 @@ const NEXT_DUE_AT: &str = "
 /// command, in one committed transaction.
 pub(crate) fn claim(conn: &mut Connection, a: &Applier<'_>) -> Result<ClaimStep> {
     let _turn = gate::enter(conn, a.options.busy_timeout)?;
+    release_stranded(conn, a)?;
     let now = now_ms();
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let abandoned_before = now.saturating_sub(ms(a.options.attempt_timeout));
@@ -435,9 +462,74 @@ where
         Claimed::Command(claim) => claim,
     };
     on_claim(&claim.command);
-    let outcome = match act(&claim, act_step) {
-        Ok(prepared) => record(conn, a, claim, |tx, cmd| record_step(tx, cmd, prepared))?,
-        Err(failure) => fail(conn, a, claim, failure)?,
+    let held = claim.held();
+    let finished = match act(&claim, act_step) {
+        Ok(prepared) => record(conn, a, claim, |tx, cmd| record_step(tx, cmd, prepared)),
+        Err(failure) => fail(conn, a, claim, failure),
     };
-    Ok((outcome, step.recovered_dead))
+    match finished {
+        Ok(outcome) => Ok((outcome, step.recovered_dead)),
+        Err(e) => {
+            if !crate::mutant::active("strand-claim") {
+                release_or_keep(conn, a, held);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The attempt `held` could not be finished (its record or failure found the database locked
+/// past the busy timeout, or full): releases its claim now, so its key is not blocked until
+/// the attempt timeout, or, if the database is still locked, at this worker's next claim step.
+fn release_or_keep(conn: &mut Connection, a: &Applier<'_>, held: Held) {
+    let released = (|| -> Result<()> {
+        let _turn = gate::enter(conn, a.options.busy_timeout)?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        release(&tx, a, held)?;
+        tx.commit()?;
+        Ok(())
+    })();
+    if let Err(e) = released {
+        tracing::warn!(error = %e, "could not release an unfinished attempt's claim yet; the next claim step will");
+        a.stranded
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(held);
+    }
+}
+
+/// Releases the claims [`release_or_keep`] could not, in their own transaction; they stay listed
+/// until it commits, so a claim step that fails (the database still locked) loses none.
+fn release_stranded(conn: &mut Connection, a: &Applier<'_>) -> Result<()> {
+    let stranded: Vec<Held> = a.stranded.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    if stranded.is_empty() {
+        return Ok(());
+    }
+    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    for held in &stranded {
+        release(&tx, a, *held)?;
+    }
+    tx.commit()?;
+    a.stranded
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .retain(|held| !stranded.contains(held));
+    Ok(())
+}
+
+/// Clears the claim `held` (if it is still this worker's and the command is still waiting) and
+/// takes its attempt back: the handler did not fail, the database was not available to record it.
+fn release(tx: &Transaction<'_>, a: &Applier<'_>, held: Held) -> Result<()> {
+    let released = tx.execute(
+        "UPDATE inbox SET attempts = max(attempts - 1, 0), attempt_started_at = NULL, claimed_by = NULL
+         WHERE seq = ?1 AND attempt_started_at = ?2 AND claimed_by = ?3 AND applied_at IS NULL AND dead_at IS NULL",
+        params![held.seq, held.started_at, a.owner],
+    )?;
+    if released == 1 {
+        tracing::info!(
+            seq = held.seq,
+            "released the claim of an attempt that could not be recorded; not counted"
+        );
+    }
+    Ok(())
 }

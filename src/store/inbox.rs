@@ -1,5 +1,6 @@
 //! The inbox: receive a command (store it, deduplicated by id), then apply it exactly once.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use rusqlite::{Connection, params};
@@ -7,6 +8,7 @@ use serde::de::DeserializeOwned;
 
 use super::dead_letters::{self, NewDeadLetter, Origin};
 use super::options::Options;
+use super::trust;
 use crate::envelope::{Envelope, MessageId, encode_headers_into, from_cbor};
 use crate::error::{Error, Result};
 use crate::time::{ms, now_ms};
@@ -161,25 +163,32 @@ pub(crate) fn receive(conn: &Connection, options: &Options, topic: &str, bytes: 
 }
 
 pub(crate) fn receive_delivery(conn: &Connection, options: &Options, d: Delivery<'_>) -> Result<Received> {
-    #[cfg(feature = "signed-commands")]
-    let opened = match &options.trusted_keys {
-        // Verified before anything is stored as applicable; refused with the raw bytes kept.
-        Some(keys) => match keys.open(d.topic, d.bytes) {
-            Ok(envelope) => envelope,
-            Err(reason) => return refuse(conn, d.topic, Some(d.bytes), &reason),
-        },
-        None => std::borrow::Cow::Borrowed(d.bytes),
+    // The file's policy, not this handle's options: a handle opened without keys (the CLI, a
+    // second open) is held to what the device requires.
+    let policy = if crate::mutant::active("handle-keys-only") {
+        handle_policy(options)
+    } else {
+        trust::load(conn)?
     };
-    #[cfg(not(feature = "signed-commands"))]
-    let opened = std::borrow::Cow::Borrowed(d.bytes);
+    let (opened, signed_by) = match policy {
+        None => (Cow::Borrowed(d.bytes), None),
+        // Verified before anything is stored as applicable; refused with the raw bytes kept.
+        Some(policy) => match verify(&policy, d.topic, d.bytes)? {
+            Ok((envelope, key_id)) => (envelope, Some(key_id)),
+            Err(reason) => return refuse(conn, options, d.topic, Some(d.bytes), &reason),
+        },
+    };
     let env = match Envelope::decode(&opened) {
         Ok(env) => env,
-        Err(e) => return refuse(conn, d.topic, Some(d.bytes), &e.to_string()),
+        Err(e) => return refuse(conn, options, d.topic, Some(d.bytes), &e.to_string()),
     };
     let max = options.limits.payload_limit();
     if env.payload.len() > max {
-        return refuse(
+        // Its id is readable: kept with the dead letter, so that a resend applied meanwhile is
+        // recognised when the dead letter is retried, and its id kept while the dead letter is.
+        return refuse_with_id(
             conn,
+            options,
             d.topic,
             Some(d.bytes),
             &Error::PayloadTooLarge {
@@ -187,6 +196,7 @@ pub(crate) fn receive_delivery(conn: &Connection, options: &Options, d: Delivery
                 max,
             }
             .to_string(),
+            Some(env.id),
         );
     }
     let headers = (!env.headers.is_empty()).then(|| {
@@ -196,8 +206,8 @@ pub(crate) fn receive_delivery(conn: &Connection, options: &Options, d: Delivery
     });
     let inserted = conn
         .prepare_cached(
-            "INSERT INTO inbox (id, topic, key, payload, event_type, headers, source, received_at, retained)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) ON CONFLICT (id) DO NOTHING",
+            "INSERT INTO inbox (id, topic, key, payload, event_type, headers, source, received_at, retained, signed_by)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) ON CONFLICT (id) DO NOTHING",
         )?
         .execute(params![
             env.id.as_bytes(),
@@ -208,7 +218,8 @@ pub(crate) fn receive_delivery(conn: &Connection, options: &Options, d: Delivery
             headers,
             env.source,
             now_ms(),
-            d.retained
+            d.retained,
+            signed_by
         ])?;
     Ok(if inserted == 1 {
         Received::Stored(env.id)
@@ -217,44 +228,142 @@ pub(crate) fn receive_delivery(conn: &Connection, options: &Options, d: Delivery
     })
 }
 
+/// A delivery checked against the file's signature policy: the envelope inside and the key that
+/// signed it, or why it is refused.
+type Verified<'a> = std::result::Result<(Cow<'a, [u8]>, String), String>;
+
+#[cfg(feature = "signed-commands")]
+fn verify<'a>(policy: &trust::Policy, topic: &str, bytes: &'a [u8]) -> Result<Verified<'a>> {
+    Ok(trust::keys_of(policy).open(topic, bytes))
+}
+
+/// The `handle-keys-only` mutant: the handle's own keys, as before the policy was in the file.
+#[cfg(feature = "signed-commands")]
+fn handle_policy(options: &Options) -> Option<trust::Policy> {
+    options.trusted_keys.as_ref().map(trust::policy_of)
+}
+
+#[cfg(not(feature = "signed-commands"))]
+fn handle_policy(_options: &Options) -> Option<trust::Policy> {
+    None
+}
+
+/// Without the feature nothing can be verified: the inbox is not touched at all.
+#[cfg(not(feature = "signed-commands"))]
+fn verify<'a>(policy: &trust::Policy, _topic: &str, _bytes: &'a [u8]) -> Result<Verified<'a>> {
+    Err(Error::InvalidConfig(format!(
+        "this device requires commands signed by one of the keys [{}], and this build of \
+         edge-outbox has no feature signed-commands to verify them: nothing was stored; use a \
+         build with the feature",
+        policy.key_ids()
+    )))
+}
+
 /// Sets a delivery aside in the dead letters with `reason`: its raw bytes, or none when they are
-/// not worth the disk (an oversized delivery).
-pub(crate) fn refuse(conn: &Connection, topic: &str, bytes: Option<&[u8]>, reason: &str) -> Result<Received> {
-    let dead_letter_id = dead_letters::insert(
-        conn,
-        &NewDeadLetter {
-            origin: Origin::Inbox,
-            message_id: None,
-            topic,
-            key: "",
-            payload: bytes,
-            event_type: None,
-            headers: None,
-            reason,
-            attempts: 0,
-            created_at: Some(now_ms()),
-        },
-    )?;
-    tracing::warn!(topic, dead_letter_id, %reason, "command refused and dead-lettered");
+/// not worth the disk (an oversized delivery, or one above the refusals' whole byte budget).
+///
+/// Refused dead letters are bounded ([`Options::max_refusals`], [`Options::max_refusal_bytes`]):
+/// anyone who can publish on the command topic can make them, so the oldest are evicted (and
+/// counted) rather than let a flood take the application's storage. Logged at a bounded rate.
+pub(crate) fn refuse(
+    conn: &Connection,
+    options: &Options,
+    topic: &str,
+    bytes: Option<&[u8]>,
+    reason: &str,
+) -> Result<Received> {
+    refuse_with_id(conn, options, topic, bytes, reason, None)
+}
+
+/// [`refuse`], for a delivery whose envelope could be read: its id is kept with the dead letter.
+fn refuse_with_id(
+    conn: &Connection,
+    options: &Options,
+    topic: &str,
+    bytes: Option<&[u8]>,
+    reason: &str,
+    id: Option<MessageId>,
+) -> Result<Received> {
+    let budget = options.max_refusal_bytes;
+    let kept = bytes.filter(|b| u64::try_from(b.len()).unwrap_or(u64::MAX) <= budget);
+    let reason = match (bytes, kept) {
+        (Some(b), None) => format!(
+            "{reason} (its {} bytes were not kept: above Options::max_refusal_bytes, {budget})",
+            b.len()
+        ),
+        _ => reason.to_owned(),
+    };
+    // One commit for the dead letter and the evictions it causes, in or out of a transaction.
+    conn.execute_batch("SAVEPOINT edge_outbox_refuse")?;
+    let stored = (|| -> Result<(i64, u64)> {
+        let dead_letter_id = dead_letters::insert(
+            conn,
+            &NewDeadLetter {
+                origin: Origin::Inbox,
+                message_id: id.as_ref().map(|id| id.as_bytes().as_slice()),
+                topic,
+                key: "",
+                payload: kept,
+                event_type: None,
+                headers: None,
+                reason: &reason,
+                attempts: 0,
+                created_at: Some(now_ms()),
+                refused: true,
+            },
+        )?;
+        let evicted = if crate::mutant::active("unbounded-refusals") {
+            0
+        } else {
+            dead_letters::evict_refusals(conn, options.max_refusals, budget)?
+        };
+        Ok((dead_letter_id, evicted))
+    })();
+    let (dead_letter_id, evicted) = match stored {
+        Ok(done) => {
+            conn.execute_batch("RELEASE edge_outbox_refuse")?;
+            done
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK TO edge_outbox_refuse; RELEASE edge_outbox_refuse");
+            return Err(e);
+        }
+    };
+    if let Some(unlogged) = super::refusal_log::admit() {
+        tracing::warn!(topic, dead_letter_id, %reason, evicted, unlogged, "command refused and dead-lettered");
+    }
     Ok(Received::DeadLettered {
         dead_letter_id,
-        reason: reason.to_owned(),
+        reason,
     })
 }
 
 /// Deletes the ids of commands applied, or dead and no longer in the dead letters, longer ago than
-/// the retention. A dead command whose dead letter still exists keeps its row: retrying the dead
-/// letter puts that row back in line.
+/// the retention. A command whose id a dead letter names keeps its row: retrying the dead letter
+/// puts a dead row back in line, and recognises an applied one.
 ///
-/// A command that arrived retained keeps its id past the retention while it is the newest retained
-/// command on its topic: the broker holds one retained message per topic and sends it again at
-/// every subscription, so only a newer one can replace it there.
+/// A command stored as retained (with retained commands kept, every one the relay's session
+/// stores) keeps its id past the retention while it is the newest retained command on its topic:
+/// the broker holds one retained message per topic and sends it again at every subscription, so
+/// only a newer one can replace it there.
 pub(crate) fn prune(conn: &Connection, options: &Options, batch: usize) -> Result<u64> {
-    let cutoff = now_ms().saturating_sub(ms(options.inbox_retention));
+    // Never shorter than the file's replay window, whatever this handle's retention: a replay of
+    // a signed command must find its id, or be too old to verify.
+    let retention = match trust::load(conn)? {
+        Some(policy) if !crate::mutant::active("own-retention") => {
+            options.inbox_retention.max(policy.replay_window())
+        }
+        _ => options.inbox_retention,
+    };
+    let cutoff = now_ms().saturating_sub(ms(retention));
     // Old on the uptime clock too (see super::uptime): a wall clock that jumps ahead must not
     // forget an applied id a broker may still redeliver.
-    let uptime_cutoff = super::uptime::cutoff(conn, options, options.inbox_retention)?;
+    let uptime_cutoff = super::uptime::cutoff(conn, options, retention)?;
     let batch = i64::try_from(batch).unwrap_or(i64::MAX);
+    // A command id a dead letter still names is kept: retrying the dead letter must recognise
+    // the command, applied or not, instead of storing it anew.
+    const NAMED: &str =
+        "EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = 'inbox' AND d.message_id = inbox.id)";
     // A retained command's id is kept while it is the newest retained one on its topic: the
     // broker sends it again at every subscription, and it must be recognised, never applied twice.
     const REPLACED: &str = "(retained = 0 OR EXISTS (SELECT 1 FROM inbox AS n
@@ -262,15 +371,14 @@ pub(crate) fn prune(conn: &Connection, options: &Options, batch: usize) -> Resul
     let applied = conn.execute(
         &format!(
             "DELETE FROM inbox WHERE seq IN (SELECT seq FROM inbox WHERE applied_at < ?1 AND {REPLACED}
-             AND (done_uptime IS NULL OR done_uptime <= ?3) LIMIT ?2)"
+             AND (done_uptime IS NULL OR done_uptime <= ?3) AND NOT {NAMED} LIMIT ?2)"
         ),
         params![cutoff, batch, uptime_cutoff],
     )?;
     let dropped = conn.execute(
         &format!(
             "DELETE FROM inbox WHERE seq IN (SELECT seq FROM inbox WHERE dead_at < ?1 AND {REPLACED}
-             AND (done_uptime IS NULL OR done_uptime <= ?3) AND NOT EXISTS (SELECT 1 FROM dead_letters d WHERE d.origin = 'inbox' AND d.message_id = inbox.id)
-             LIMIT ?2)"
+             AND (done_uptime IS NULL OR done_uptime <= ?3) AND NOT {NAMED} LIMIT ?2)"
         ),
         params![cutoff, batch, uptime_cutoff],
     )?;

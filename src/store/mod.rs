@@ -13,11 +13,15 @@ mod open;
 mod options;
 pub(crate) mod outbox;
 mod reentry;
+mod refusal_log;
 pub(crate) mod relay_lock;
 mod requeue;
 mod salvage;
 mod schema;
+#[cfg(feature = "signed-commands")]
+mod signing;
 mod stats;
+pub(crate) mod trust;
 pub(crate) mod uptime;
 pub(crate) mod watch;
 
@@ -62,6 +66,8 @@ struct Shared {
     /// A second connection for `apply_next`, taken out while a command is applied, so applying
     /// never holds `conn`'s mutex: the handler may read through this handle meanwhile.
     apply_conn: Mutex<Option<Connection>>,
+    /// Claims `apply_next` could not release yet (see `apply::Applier::stranded`).
+    stranded: Mutex<Vec<apply::Held>>,
     /// The in-process writers' queue of this file (see `gate`): taken before `conn`'s mutex.
     gate: Arc<gate::WriteGate>,
     options: Options,
@@ -95,6 +101,10 @@ impl Outbox {
         let path = path.as_ref().to_path_buf();
         let mut conn = open_checked(&path, &options)?;
         epoch::check_file(&mut conn, &path)?;
+        #[cfg(feature = "signed-commands")]
+        if let Some(keys) = &options.trusted_keys {
+            signing::adopt_on_open(&mut conn, keys)?;
+        }
         let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
         Ok(Outbox {
             shared: Arc::new(Shared {
@@ -103,6 +113,7 @@ impl Outbox {
                 canonical: reentry::canonical(&path),
                 owner: format!("worker:{}", crate::MessageId::new_v7()),
                 apply_conn: Mutex::new(None),
+                stranded: Mutex::new(Vec::new()),
                 path,
                 options,
                 wake_tx,
@@ -295,6 +306,7 @@ impl Outbox {
         let applier = Applier {
             options: &self.shared.options,
             owner: &self.shared.owner,
+            stranded: &self.shared.stranded,
             path: &self.shared.canonical,
         };
         let result = apply::run_next(&mut conn, &applier, |_| {}, act, record);

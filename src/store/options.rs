@@ -185,6 +185,8 @@ impl Limits {
 /// | [`sent_retention`](Self::sent_retention) | none: acknowledged rows are deleted |
 /// | [`integrity_check_budget`](Self::integrity_check_budget) | 1 s |
 /// | [`salvage_on_corruption`](Self::salvage_on_corruption) | true |
+/// | [`max_refusals`](Self::max_refusals) | 1000 refused deliveries kept |
+/// | [`max_refusal_bytes`](Self::max_refusal_bytes) | 4 MiB of their bytes |
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a builder: use the value it returns"]
 pub struct Options {
@@ -202,6 +204,8 @@ pub struct Options {
     pub(crate) sent_retention: Option<Duration>,
     pub(crate) integrity_budget: Duration,
     pub(crate) salvage: bool,
+    pub(crate) max_refusals: u64,
+    pub(crate) max_refusal_bytes: u64,
     #[cfg(feature = "signed-commands")]
     pub(crate) trusted_keys: Option<crate::signed::TrustedKeys>,
 }
@@ -223,6 +227,8 @@ impl Default for Options {
             sent_retention: None,
             integrity_budget: Duration::from_secs(1),
             salvage: true,
+            max_refusals: 1000,
+            max_refusal_bytes: 4 * 1024 * 1024,
             #[cfg(feature = "signed-commands")]
             trusted_keys: None,
         }
@@ -336,6 +342,11 @@ impl Options {
     /// commands are not signed). A delivery that is not a valid signed command is dead-lettered
     /// with the reason, before anything is stored as applicable. See [`TrustedKeys`](crate::TrustedKeys)
     /// and docs/wire-format.md.
+    ///
+    /// The first open with keys records them in the file, and from then on every handle on it
+    /// verifies with the file's keys, this option or not. A later open must give the same keys
+    /// and window, or fails with [`Error::InvalidConfig`]: change them with
+    /// [`Outbox::require_signed_commands`](crate::Outbox::require_signed_commands).
     #[cfg(feature = "signed-commands")]
     pub fn trusted_command_keys(mut self, keys: crate::signed::TrustedKeys) -> Self {
         self.trusted_keys = Some(keys);
@@ -376,8 +387,32 @@ impl Options {
         self
     }
 
+    /// Most dead letters of refused deliveries (malformed, not signed, too large) kept at once
+    /// (default 1000). Anyone who can publish on the command topic can make them, and each is
+    /// stored before anything else, signatures included: past this, the oldest are evicted,
+    /// counted in [`Stats::refusals_evicted`](crate::Stats::refusals_evicted), so a flood cannot
+    /// take the storage the application's own writes need. Dead letters of commands that were
+    /// stored (a handler's failures and rejections) are not counted here, nor ever evicted.
+    pub fn max_refusals(mut self, count: u64) -> Self {
+        self.max_refusals = count;
+        self
+    }
+
+    /// Most raw bytes the kept refused deliveries may hold together (default 4 MiB); past this,
+    /// the oldest are evicted as with [`max_refusals`](Self::max_refusals). A single refusal
+    /// larger than this is kept without its bytes, and cannot be retried.
+    pub fn max_refusal_bytes(mut self, bytes: u64) -> Self {
+        self.max_refusal_bytes = bytes;
+        self
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         self.limits.validate()?;
+        if self.max_refusals == 0 {
+            return Err(Error::InvalidConfig(
+                "max_refusals must be at least 1: the newest refusal is what an operator looks at".into(),
+            ));
+        }
         if self.max_attempts == 0 {
             return Err(Error::InvalidConfig("max_attempts must be at least 1".into()));
         }

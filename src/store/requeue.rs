@@ -4,43 +4,61 @@
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 
-use super::inbox;
+use super::inbox::{self, Received};
 use super::options::Options;
 use crate::error::{Error, Result};
 
 /// Retries dead letter `dl_id` in one transaction: requeued, and the dead letter deleted.
 pub(crate) fn retry(conn: &mut Connection, options: &Options, dl_id: i64) -> Result<()> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    type Row = (String, Option<Vec<u8>>, String, Option<Vec<u8>>);
+    type Row = (String, Option<Vec<u8>>, String, Option<Vec<u8>>, bool);
     let row: Option<Row> = tx
         .query_row(
-            "SELECT origin, message_id, topic, CAST(payload AS BLOB) FROM dead_letters WHERE dl_id = ?1",
+            "SELECT origin, message_id, topic, CAST(payload AS BLOB), refused FROM dead_letters WHERE dl_id = ?1",
             [dl_id],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
         )
         .optional()?;
-    let Some((origin, message_id, topic, raw)) = row else {
+    let Some((origin, message_id, topic, raw, refused)) = row else {
         return Err(Error::NotFound(format!("dead letter {dl_id}")));
     };
     match (origin.as_str(), message_id) {
-        // A stored command: give it a fresh set of attempts; its inbox row still holds its id.
+        // A stored command: give it a fresh set of attempts; its inbox row still holds its id
+        // (pruning keeps it while this dead letter names it).
         ("inbox", Some(id)) => {
-            tx.execute(
+            let changed = tx.execute(
                 "UPDATE inbox SET dead_at = NULL, done_uptime = NULL, attempts = 0, next_attempt_at = 0, last_error = NULL
-                 WHERE id = ?1",
-                [id],
+                 WHERE id = ?1 AND dead_at IS NOT NULL AND applied_at IS NULL",
+                [&id],
             )?;
+            if changed != 1 {
+                let stored: bool =
+                    tx.query_row("SELECT EXISTS (SELECT 1 FROM inbox WHERE id = ?1)", [&id], |r| {
+                        r.get(0)
+                    })?;
+                if stored {
+                    // Applied since, or waiting: putting it back could only apply it twice.
+                    return Err(Error::RetryRefused {
+                        dead_letter_id: dl_id,
+                        reason: "its command is already in the inbox (applied or waiting); drop the \
+                                 dead letter"
+                            .into(),
+                    });
+                }
+                if !refused {
+                    // A stored command's dead letter holds its payload, not the delivery: there
+                    // is nothing to receive again.
+                    return Err(Error::NotFound(format!(
+                        "the command of dead letter {dl_id} in the inbox (deleted by hand?); drop the \
+                         dead letter"
+                    )));
+                }
+                // Refused with a readable id, and never stored: receive it again.
+                receive_again(&tx, options, dl_id, &topic, raw.as_deref())?;
+            }
         }
         // Input that never made it into the inbox: receive it again (limits may have changed).
-        ("inbox", None) => {
-            let Some(raw) = raw else {
-                return Err(Error::NotFound(format!(
-                    "the bytes of dead letter {dl_id} (an oversized delivery is kept without them; \
-                     have the sender send it again, or drop it)"
-                )));
-            };
-            inbox::receive(&tx, options, &topic, &raw)?;
-        }
+        ("inbox", None) => receive_again(&tx, options, dl_id, &topic, raw.as_deref())?,
         // An outgoing message: queue it again with its id, behind what is pending now.
         _ => {
             tx.execute(
@@ -54,4 +72,29 @@ pub(crate) fn retry(conn: &mut Connection, options: &Options, dl_id: i64) -> Res
     tx.execute("DELETE FROM dead_letters WHERE dl_id = ?1", [dl_id])?;
     tx.commit()?;
     Ok(())
+}
+
+/// Receives a refused delivery again, as if it had just arrived: verified against the file's
+/// signature policy and limits. Refused again, it fails with [`Error::RetryRefused`] and the
+/// caller's transaction rolls back, so the dead letter stays as it was.
+fn receive_again(
+    conn: &Connection,
+    options: &Options,
+    dl_id: i64,
+    topic: &str,
+    raw: Option<&[u8]>,
+) -> Result<()> {
+    let Some(raw) = raw else {
+        return Err(Error::NotFound(format!(
+            "the bytes of dead letter {dl_id} (an oversized delivery is kept without them; \
+             have the sender send it again, or drop it)"
+        )));
+    };
+    match inbox::receive(conn, options, topic, raw)? {
+        Received::DeadLettered { reason, .. } => Err(Error::RetryRefused {
+            dead_letter_id: dl_id,
+            reason,
+        }),
+        Received::Stored(_) | Received::Duplicate(_) => Ok(()),
+    }
 }

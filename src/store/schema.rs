@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use crate::error::{Error, Result};
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Column default for "now" in Unix milliseconds. `julianday` works in every SQLite a foreign
 /// writer may link (Debian's Python ships 3.40), unlike `unixepoch('subsec')` (3.42+).
@@ -21,7 +21,7 @@ macro_rules! now_ms_sql {
 }
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
 
 /// Version 1: the outbox, the inbox, dead letters.
 const V1: &str = concat!(
@@ -248,6 +248,74 @@ END;
 DROP INDEX outbox_evictable;
 CREATE INDEX outbox_evictable ON outbox (priority, seq) WHERE evictable = 1;
 ";
+
+/// Version 7: the command signature policy lives in the file, so every handle on it (a keyless
+/// library handle, the CLI, a foreign writer) is held to it, not only the one configured with keys;
+/// refused deliveries are bounded in the dead letters.
+const V7: &str = concat!(
+    "
+-- One row once the device requires signed commands: the validity window every handle verifies
+-- with. No row: commands need no signature.
+CREATE TABLE edge_outbox_command_policy (
+    only           INTEGER PRIMARY KEY CHECK (only = 1),
+    max_age_ms     INTEGER NOT NULL CHECK (max_age_ms > 0),
+    clock_skew_ms  INTEGER NOT NULL CHECK (clock_skew_ms >= 0),
+    required_since INTEGER NOT NULL
+);
+-- The Ed25519 public keys trusted to sign commands, by the key id a command names.
+CREATE TABLE edge_outbox_command_keys (
+    key_id     TEXT    PRIMARY KEY CHECK (length(key_id) > 0),
+    public_key BLOB    NOT NULL CHECK (typeof(public_key) = 'blob' AND length(public_key) = 32),
+    trusted_at INTEGER NOT NULL
+);
+-- Every change to the two tables above, by whom: they change only through an explicit operation.
+CREATE TABLE edge_outbox_command_policy_log (
+    log_id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    changed_at INTEGER NOT NULL DEFAULT ",
+    now_ms_sql!(),
+    ",
+    change     TEXT    NOT NULL
+);
+-- The trusted key id that verified the command's signature; NULL when none was required.
+ALTER TABLE inbox ADD COLUMN signed_by TEXT;
+-- A writer that does not verify signatures (plain SQL) cannot store a command the device would
+-- apply unverified.
+CREATE TRIGGER inbox_requires_signature BEFORE INSERT ON inbox
+WHEN NEW.signed_by IS NULL AND EXISTS (SELECT 1 FROM edge_outbox_command_policy)
+BEGIN
+    SELECT RAISE(ABORT, 'edge-outbox: this device requires signed commands: deliver the signed bytes through Outbox::receive, which verifies them, instead of inserting into inbox');
+END;
+
+-- 1: a delivery refused before it was stored (malformed, not signed, too large). Anyone who can
+-- publish on the command topic can make these: they are kept within Options::max_refusals and
+-- max_refusal_bytes, the oldest evicted. Those of earlier versions are the inbox's with no attempt.
+ALTER TABLE dead_letters ADD COLUMN refused INTEGER NOT NULL DEFAULT 0 CHECK (refused IN (0, 1));
+UPDATE dead_letters SET refused = 1 WHERE origin = 'inbox' AND attempts = 0;
+CREATE INDEX dead_letters_refused ON dead_letters (dl_id) WHERE refused = 1;
+-- Pruning keeps a command id while a dead letter names it.
+CREATE INDEX dead_letters_by_message ON dead_letters (message_id) WHERE message_id IS NOT NULL;
+-- The refused dead letters kept (kept by triggers, whoever deletes them), and those evicted.
+CREATE TABLE edge_outbox_refusals (
+    only          INTEGER PRIMARY KEY CHECK (only = 1),
+    kept          INTEGER NOT NULL,
+    kept_bytes    INTEGER NOT NULL,
+    evicted       INTEGER NOT NULL,
+    evicted_bytes INTEGER NOT NULL
+);
+INSERT INTO edge_outbox_refusals
+    SELECT 1, count(*), coalesce(sum(length(CAST(payload AS BLOB))), 0), 0, 0 FROM dead_letters WHERE refused = 1;
+CREATE TRIGGER dead_letters_refused_insert AFTER INSERT ON dead_letters WHEN NEW.refused = 1
+BEGIN
+    UPDATE edge_outbox_refusals SET kept = kept + 1,
+        kept_bytes = kept_bytes + coalesce(length(CAST(NEW.payload AS BLOB)), 0) WHERE only = 1;
+END;
+CREATE TRIGGER dead_letters_refused_delete AFTER DELETE ON dead_letters WHEN OLD.refused = 1
+BEGIN
+    UPDATE edge_outbox_refusals SET kept = kept - 1,
+        kept_bytes = kept_bytes - coalesce(length(CAST(OLD.payload AS BLOB)), 0) WHERE only = 1;
+END;
+"
+);
 
 /// The column default that mints a message id for a foreign writer: 16 random bytes with the
 /// UUID version (4) and variant (10xx) bits set. SQLite before 3.41 has no `unhex`, so the two

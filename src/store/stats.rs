@@ -32,6 +32,15 @@ pub struct Stats {
     pub coalesced: u64,
     /// Dead letters waiting for an operator.
     pub dead_letters: u64,
+    /// Of those, deliveries refused before they were stored (malformed, not signed, too large):
+    /// bounded by [`Options::max_refusals`](crate::Options::max_refusals) and
+    /// [`Options::max_refusal_bytes`](crate::Options::max_refusal_bytes).
+    pub refusals_kept: u64,
+    /// Their raw bytes.
+    pub refusals_kept_bytes: u64,
+    /// Refused deliveries evicted from the dead letters to stay within those bounds, since the
+    /// file was created (schema version 7): a steady rise means someone floods the command topic.
+    pub refusals_evicted: u64,
     /// Commands received and not yet applied (nor dead-lettered).
     pub inbox_unapplied: u64,
     /// Applied command ids retained to recognise redeliveries.
@@ -74,6 +83,11 @@ fn read_now(conn: &Connection) -> Result<Stats> {
     let count = |sql: &str| -> Result<u64> { Ok(conn.prepare_cached(sql)?.query_row([], |r| r.get(0))?) };
     let version = super::schema_version(conn)?;
     let v5 = version >= 5;
+    let refusals = if version >= 7 {
+        super::dead_letters::refusals(conn)?
+    } else {
+        super::dead_letters::Refusals::default()
+    };
     Ok(Stats {
         pending_messages,
         pending_bytes,
@@ -86,6 +100,9 @@ fn read_now(conn: &Connection) -> Result<Stats> {
             0
         },
         dead_letters: count("SELECT count(*) FROM dead_letters")?,
+        refusals_kept: refusals.kept,
+        refusals_kept_bytes: refusals.kept_bytes,
+        refusals_evicted: refusals.evicted,
         inbox_unapplied: count("SELECT count(*) FROM inbox WHERE applied_at IS NULL AND dead_at IS NULL")?,
         inbox_applied: count("SELECT count(*) FROM inbox WHERE applied_at IS NOT NULL")?,
         // A file not yet migrated (read by the CLI, read-only) has neither.
@@ -103,7 +120,8 @@ fn read_now(conn: &Connection) -> Result<Stats> {
 
 /// One line for a log or a terminal:
 /// `12 pending (3456 B, oldest 5.2s), 0 evicted, 0 dead letters, inbox 0 unapplied / 1 applied`,
-/// then `, 7 coalesced`, `, 2 gaps to announce` and `, salvaged 1 times` when there are any.
+/// then `, 7 coalesced`, `, 40 refusals evicted`, `, 2 gaps to announce` and `, salvaged 1 times`
+/// when there are any.
 ///
 /// ```
 /// let mut stats = edge_outbox::Stats::default();
@@ -128,6 +146,9 @@ impl std::fmt::Display for Stats {
         // What the cloud has not been told yet, and a past salvage: only when there is any.
         if self.coalesced > 0 {
             write!(f, ", {} coalesced", self.coalesced)?;
+        }
+        if self.refusals_evicted > 0 {
+            write!(f, ", {} refusals evicted", self.refusals_evicted)?;
         }
         if self.gaps_unannounced > 0 {
             write!(f, ", {} gaps to announce", self.gaps_unannounced)?;

@@ -5,8 +5,10 @@
 //! - [`child`]: child processes killed when their test ends, fails or panics, and this test
 //!   binary run again as a child process that can abort or be killed.
 //! - [`proxy`]: a TCP proxy that cuts, stalls, refuses and half-opens connections on command.
+//! - [`ledger`]: a device whose commands credit a balance, behind a relay.
 //! - [`mqtt_proxy`]: an MQTT-aware proxy that holds back or drops PUBACKs, chokes on chosen
 //!   messages and drops connections after an event (a broker that misbehaves).
+//! - [`mutant`]: this test binary run again with a mutant on, for the scenario mutants.
 //! - [`mux`]: one address for MQTT 3.1.1 and 5 clients in front of rumqttd.
 //! - [`python`]: an interpreter with `cbor2` for the interoperability tests, provisioned once.
 //! - [`subscriber`]: an independent rumqttc client that collects what arrives, and one-shot publishing.
@@ -19,7 +21,9 @@ pub mod broker;
 pub mod check;
 pub mod child;
 pub mod device;
+pub mod ledger;
 pub mod mqtt_proxy;
+pub mod mutant;
 pub mod mux;
 pub mod powercut;
 pub mod proxy;

@@ -76,7 +76,26 @@ pub fn open_write(global: &Global, path: &Path) -> Result<Outbox> {
 
 /// The store through the library, creating the file if needed (the relay).
 pub fn open_outbox(global: &Global, path: &Path) -> Result<Outbox> {
+    open_outbox_with(global, path, None)
+}
+
+/// The type of `--trusted-key`'s keys: `TrustedKeys`, or nothing without the feature.
+#[cfg(feature = "signed-commands")]
+pub type Keys = edge_outbox::TrustedKeys;
+#[cfg(not(feature = "signed-commands"))]
+pub type Keys = std::convert::Infallible;
+
+/// [`open_outbox`], requiring commands signed by `keys` when given (the relay's `--trusted-key`).
+/// Without keys the file's own policy still holds: every handle verifies with it.
+pub fn open_outbox_with(global: &Global, path: &Path, keys: Option<Keys>) -> Result<Outbox> {
     let options = Options::new().busy_timeout(Duration::from_millis(global.busy_timeout));
+    #[cfg(feature = "signed-commands")]
+    let options = match keys {
+        Some(keys) => options.trusted_command_keys(keys),
+        None => options,
+    };
+    #[cfg(not(feature = "signed-commands"))]
+    let _ = keys;
     Outbox::open_with(path, options).map_err(|e| {
         let busy = matches!(e, edge_outbox::Error::Busy);
         let e = CliError::from(e);

@@ -27,6 +27,10 @@ mod relay;
 mod relay_probe;
 mod status;
 mod status_file;
+#[cfg(feature = "signed-commands")]
+mod trust;
+#[cfg(feature = "signed-commands")]
+mod trusted_keys;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -94,6 +98,10 @@ enum Command {
     DeadLetters(dead_letters::DeadLettersCommand),
     /// Remove pending messages unpublished (a topic's, or all); the cloud is told of the gap.
     Purge(purge::PurgeArgs),
+    /// Change the keys commands must be signed by (logged); `status` shows them.
+    #[cfg(feature = "signed-commands")]
+    #[command(subcommand, name = "trusted-keys")]
+    TrustedKeys(trust::TrustCommand),
     /// Check the database file for damage; with --salvage, move a damaged one aside and salvage it.
     Doctor(doctor::DoctorArgs),
     /// Publish the outbox (and receive commands) until SIGINT or SIGTERM.
@@ -138,6 +146,8 @@ fn main() -> ExitCode {
         Command::DeadLetters(command) => dead_letters::run(&cli.global, &command),
         Command::Purge(args) => purge::run(&cli.global, &args),
         Command::Doctor(args) => doctor::run(&cli.global, &args),
+        #[cfg(feature = "signed-commands")]
+        Command::TrustedKeys(command) => trust::run(&cli.global, &command),
         Command::Consume(args) => consume::run(&cli.global, &args),
         Command::Relay(args) => relay::run(&cli.global, &args),
         Command::Send(args) => command::send(&cli.global, &args),

@@ -64,6 +64,13 @@ pub struct RelayArgs {
     /// MQTT client id of the publishing session: one per device.
     #[arg(long, value_name = "ID")]
     pub client_id: String,
+    /// Apply only commands signed by this key (repeatable): KEY_ID=FILE, the file holding the
+    /// Ed25519 public key as 64 hex digits. The first start records the keys in the database;
+    /// every later handle on it, this relay with no --trusted-key included, verifies with them.
+    /// A start naming other keys than the file's is refused.
+    #[cfg(feature = "signed-commands")]
+    #[arg(long, value_name = "KEY_ID=FILE")]
+    pub trusted_key: Vec<String>,
     /// The `src` of every envelope: the device's name as the cloud knows it [default: the
     /// client id]. Keep it stable: the cloud counts each source's messages (docs/wire-format.md).
     #[arg(long, value_name = "NAME")]
@@ -165,7 +172,11 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
     let config = config(args)?;
     let path = db::path_creating_dir(global)?;
     let existed = path.exists();
-    let outbox = db::open_outbox(global, &path)?;
+    #[cfg(feature = "signed-commands")]
+    let keys = crate::trusted_keys::parse(&args.trusted_key)?;
+    #[cfg(not(feature = "signed-commands"))]
+    let keys = None;
+    let outbox = db::open_outbox_with(global, &path, keys)?;
     if !existed {
         tracing::warn!(target: "edge_outbox::cli", path = %path.display(), "there was no database: created a new one");
     }

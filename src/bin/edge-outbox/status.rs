@@ -29,6 +29,9 @@ struct Counters {
     schema_version: i64,
     oldest_pending_ms: Option<u64>,
     stats: Stats,
+    /// The key ids the file requires commands to be signed by, and since when; `None`: unsigned
+    /// commands are accepted.
+    signed: Option<(Vec<String>, i64)>,
 }
 
 pub fn run(global: &Global) -> Result<()> {
@@ -47,11 +50,35 @@ pub fn run(global: &Global) -> Result<()> {
 
 fn read(conn: &Connection) -> edge_outbox::Result<Counters> {
     let stats = Stats::read(conn)?;
+    let schema_version = edge_outbox::schema_version(conn)?;
     Ok(Counters {
-        schema_version: edge_outbox::schema_version(conn)?,
+        schema_version,
         oldest_pending_ms: stats.oldest_pending_age.map(|d| d.as_millis() as u64),
         stats,
+        signed: if schema_version >= 7 {
+            signature_policy(conn)?
+        } else {
+            None
+        },
     })
+}
+
+/// The command signature policy, read from its documented tables (docs/schema.md).
+fn signature_policy(conn: &Connection) -> edge_outbox::Result<Option<(Vec<String>, i64)>> {
+    use rusqlite::OptionalExtension as _;
+    let since: Option<i64> = conn
+        .query_row("SELECT required_since FROM edge_outbox_command_policy", [], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    let Some(since) = since else {
+        return Ok(None);
+    };
+    let keys = conn
+        .prepare("SELECT key_id FROM edge_outbox_command_keys ORDER BY key_id")?
+        .query_map([], |r| r.get(0))?
+        .collect::<rusqlite::Result<Vec<String>>>()?;
+    Ok(Some((keys, since)))
 }
 
 /// The relay as other processes can see it: the lock, and the status file if it is current.
@@ -114,7 +141,16 @@ fn to_json(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
         "epoch": c.stats.epoch,
         "gaps_unannounced": c.stats.gaps_unannounced,
         "salvaged": c.stats.salvaged,
+        "signed_commands": match &c.signed {
+            Some((keys, since)) => json!({ "required": true, "keys": keys, "since_ms": since }),
+            None => json!({ "required": false }),
+        },
         "dead_letters": c.stats.dead_letters,
+        "refusals": {
+            "kept": c.stats.refusals_kept,
+            "kept_bytes": c.stats.refusals_kept_bytes,
+            "evicted": c.stats.refusals_evicted,
+        },
         "inbox": { "unapplied": c.stats.inbox_unapplied, "applied": c.stats.inbox_applied },
         "relay": {
             "running": relay.running(),
@@ -162,9 +198,27 @@ fn to_text(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
                 String::new()
             }
         ),
+        match &c.signed {
+            Some((keys, since)) => format!(
+                "commands      must be signed by one of [{}] (required since {})",
+                keys.join(", "),
+                clock(*since)
+            ),
+            None => "commands      accepted unsigned (no signature required)".to_owned(),
+        },
         format!(
-            "dead letters  {} (outgoing and incoming, kept until retried or dropped)",
-            c.stats.dead_letters
+            "dead letters  {} (outgoing and incoming, kept until retried or dropped){}",
+            c.stats.dead_letters,
+            if c.stats.refusals_kept + c.stats.refusals_evicted > 0 {
+                format!(
+                    " ({} refused deliveries, {}; {} older ones evicted)",
+                    c.stats.refusals_kept,
+                    bytes(c.stats.refusals_kept_bytes),
+                    c.stats.refusals_evicted
+                )
+            } else {
+                String::new()
+            }
         ),
         format!(
             "inbox         {} unapplied, {} applied (ids kept for deduplication)",
