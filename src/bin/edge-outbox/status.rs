@@ -207,11 +207,11 @@ fn to_text(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
             None => "commands      accepted unsigned (no signature required)".to_owned(),
         },
         format!(
-            "dead letters  {} (outgoing and incoming, kept until retried or dropped){}",
+            "dead letters  {} (outgoing and incoming, kept until retried or dropped{})",
             c.stats.dead_letters,
             if c.stats.refusals_kept + c.stats.refusals_evicted > 0 {
                 format!(
-                    " ({} refused deliveries, {}; {} older ones evicted)",
+                    "; {} refused deliveries, {}, {} older ones evicted",
                     c.stats.refusals_kept,
                     bytes(c.stats.refusals_kept_bytes),
                     c.stats.refusals_evicted
