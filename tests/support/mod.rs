@@ -7,6 +7,7 @@
 //! - [`proxy`]: a TCP proxy that cuts, stalls, refuses and half-opens connections on command.
 //! - [`mqtt_proxy`]: an MQTT-aware proxy that holds back or drops PUBACKs, chokes on chosen
 //!   messages and drops connections after an event (a broker that misbehaves).
+//! - [`mutants`]: a scenario run again with a mutant on, which must fail on its own verdict.
 //! - [`mux`]: one address for MQTT 3.1.1 and 5 clients in front of rumqttd.
 //! - [`python`]: an interpreter with `cbor2` for the interoperability tests, provisioned once.
 //! - [`subscriber`]: an independent rumqttc client that collects what arrives, and one-shot publishing.
@@ -20,6 +21,7 @@ pub mod check;
 pub mod child;
 pub mod device;
 pub mod mqtt_proxy;
+pub mod mutants;
 pub mod mux;
 pub mod powercut;
 pub mod proxy;
