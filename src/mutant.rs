@@ -30,6 +30,8 @@ pub const MUTANTS: &[&str] = &[
 pub const TEST_MUTANTS: &[(&str, &str)] = &[
     // A publish packed and held back by the pace goes out without its expiry checked again.
     ("skip-expiry-held-back", "expiry_held_back"),
+    // Salvage records a lost range in one gap row, ignored when a gap row has its first number.
+    ("salvage-gap-ignored", "salvage_gap_collision"),
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);

@@ -18,6 +18,7 @@ mod requeue;
 mod salvage;
 mod schema;
 mod stats;
+mod unrecoverable;
 pub(crate) mod uptime;
 pub(crate) mod watch;
 

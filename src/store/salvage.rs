@@ -24,7 +24,6 @@ use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::epoch;
-use super::gaps::Removal;
 use super::open;
 use super::options::Options;
 use crate::error::{Error, Result};
@@ -41,7 +40,8 @@ pub struct Salvaged {
     /// Tables copied: name, rows copied, rows (or row ranges) that could not be read.
     pub tables: Vec<SalvagedTable>,
     /// Pending messages whose numbers could not be read, as outbox `seq` ranges: announced to
-    /// the cloud as an `unrecoverable` gap.
+    /// the cloud as an `unrecoverable` gap. Numbers a gap row already accounted for (removed
+    /// earlier, their own notice still to go) are left out.
     pub unrecoverable: Vec<(i64, i64)>,
     /// Pending messages salvaged.
     pub pending_messages: u64,
@@ -302,12 +302,9 @@ fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged) -> Result<
                 }
                 // One gap row per range and epoch: a notice names one epoch.
                 for (a, b) in split_by_epochs(first, last, epochs) {
-                    tx.execute(
-                        "INSERT OR IGNORE INTO main.outbox_gaps (seq, last_seq, topic, cause, why)
-                         VALUES (?1, ?2, ?3, ?4, 'unreadable after the database file was damaged')",
-                        params![a, b, super::gaps::FALLBACK_TOPIC, Removal::Unrecoverable.as_sql()],
-                    )?;
-                    report.unrecoverable.push((a, b));
+                    report
+                        .unrecoverable
+                        .extend(super::unrecoverable::record(tx, a, b)?);
                 }
             }
         }
