@@ -32,6 +32,9 @@ pub const TEST_MUTANTS: &[(&str, &str)] = &[
     ("skip-expiry-held-back", "expiry_held_back"),
     // Salvage records a lost range in one gap row, ignored when a gap row has its first number.
     ("salvage-gap-ignored", "salvage_gap_collision"),
+    // The consumer takes a number at or below its horizon (a gap given up on past `max_gaps`) as
+    // seen, and ignores a notice there.
+    ("consumer-forgotten-seen", "consumer_bounds"),
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);
