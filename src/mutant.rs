@@ -35,6 +35,9 @@ pub const TEST_MUTANTS: &[(&str, &str)] = &[
     // The consumer takes a number at or below its horizon (a gap given up on past `max_gaps`) as
     // seen, and ignores a notice there.
     ("consumer-forgotten-seen", "consumer_bounds"),
+    // Opening a store skips the check of its counter against what was published from its path,
+    // so a backup restored in place keeps its epoch.
+    ("skip-published-check", "epochs_restored_in_place"),
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);

@@ -12,6 +12,7 @@ mod integrity;
 mod open;
 mod options;
 pub(crate) mod outbox;
+pub(crate) mod published;
 mod reentry;
 pub(crate) mod relay_lock;
 mod requeue;

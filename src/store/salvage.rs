@@ -172,7 +172,10 @@ fn copy_into(conn: &mut Connection, damaged: &Path) -> Result<Salvaged> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let salvaged_before: i64 = match &src {
         Ok(src) => {
-            copy_all(src, &tx, &mut report)?;
+            // The numbers acknowledged from this path, kept beside it: new messages must not
+            // reuse them even if the damaged file's counter is unreadable.
+            let published = super::published::read(damaged).unwrap_or(0);
+            copy_all(src, &tx, &mut report, published)?;
             src.query_row(
                 "SELECT value FROM edge_outbox_meta WHERE name = 'corruptions_salvaged'",
                 [],
@@ -205,8 +208,9 @@ fn copy_into(conn: &mut Connection, damaged: &Path) -> Result<Salvaged> {
     Ok(report)
 }
 
-/// Copies from the damaged file `src` into the fresh one's open transaction `tx`.
-fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged) -> Result<()> {
+/// Copies from the damaged file `src` into the fresh one's open transaction `tx`; `published`:
+/// the highest number acknowledged from it (its watermark).
+fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged, published: i64) -> Result<()> {
     // The damaged file's schema: what it had, in creation order.
     let schema: Vec<(String, String, Option<String>)> = rows_or_empty(
         src,
@@ -284,7 +288,11 @@ fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged) -> Result<
         [],
         |r| r.get(0),
     )?;
-    let high = old_high.unwrap_or(0).max(copied_high).max(gaps_high);
+    let high = old_high
+        .unwrap_or(0)
+        .max(copied_high)
+        .max(gaps_high)
+        .max(published);
     if let Some(epochs) = &old_epochs {
         tx.execute("DELETE FROM main.edge_outbox_epochs", [])?;
         for (epoch, first, reason, started) in epochs {
