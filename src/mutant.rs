@@ -32,6 +32,9 @@ pub const TEST_MUTANTS: &[(&str, &str)] = &[
     ("skip-expiry-held-back", "expiry_held_back"),
     // Salvage records a lost range in one gap row, ignored when a gap row has its first number.
     ("salvage-gap-ignored", "salvage_gap_collision"),
+    // A salvage that renumbers the pending messages (the epochs unreadable) copies the gap rows
+    // with their old numbers, which then name renumbered messages.
+    ("salvage-renumbered-gaps-kept", "salvage_unreadable_epochs"),
     // The consumer takes a number at or below its horizon (a gap given up on past `max_gaps`) as
     // seen, and ignores a notice there.
     ("consumer-forgotten-seen", "consumer_bounds"),

@@ -7,7 +7,9 @@
 //! rows, commands, dead letters). Pending messages keep their sequence numbers and epoch, so a
 //! message the cloud already has is recognised as such; the numbers between readable rows that a
 //! damaged page held are recorded as an `unrecoverable` gap for the relay to announce. New
-//! messages are numbered in a new epoch, after every number the damaged file may have used.
+//! messages are numbered in a new epoch, after every number the damaged file may have used. When
+//! the epochs themselves are unreadable, pending messages are numbered anew and the gap rows are
+//! not copied (their numbers name no epoch any more).
 //!
 //! Then the damaged file (and its WAL) is renamed `<name>.corrupt-<unix ms>` for an operator, and
 //! the fresh one takes its place. A crash before that swap leaves the damaged file in place (the
@@ -252,6 +254,30 @@ fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged, published:
         // Without the damaged file's epochs, its messages cannot keep their numbers: they are
         // numbered anew, in the new epoch (their ids are kept, so the cloud recognises them).
         let renumber = name == "outbox" && old_epochs.is_none();
+        // Nor can its gap rows: their numbers belong to epochs nobody can name any more, and
+        // copied as they are they would name the renumbered messages. Their numbers show in the
+        // cloud as unexplained, which is what they have become.
+        if name == "outbox_gaps"
+            && old_epochs.is_none()
+            && !crate::mutant::active("salvage-renumbered-gaps-kept")
+        {
+            let rows = src
+                .query_row("SELECT count(*) FROM outbox_gaps", [], |r| r.get::<_, i64>(0))
+                .map_or_else(|_| "its".to_owned(), |n| n.to_string());
+            tracing::error!(
+                rows,
+                "salvage: the epochs are unreadable, so the gap rows cannot be announced"
+            );
+            report.tables.push(SalvagedTable {
+                name: name.clone(),
+                rows: 0,
+                lost: Vec::new(),
+                failed: Some(format!(
+                    "not copied: {rows} gap rows name numbers of epochs that could not be read"
+                )),
+            });
+            continue;
+        }
         let table = copy_table(src, tx, name, renumber);
         if name == "outbox" {
             report.pending_messages = table.rows;
