@@ -41,6 +41,8 @@ pub const TEST_MUTANTS: &[(&str, &str)] = &[
     // Opening a store skips the check of its counter against what was published from its path,
     // so a backup restored in place keeps its epoch.
     ("skip-published-check", "epochs_restored_in_place"),
+    // Eviction at a storage limit and the store's expiry remove rows the relay has claimed.
+    ("remove-claimed", "claimed_rows_kept"),
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);
