@@ -32,6 +32,8 @@ pub const TEST_MUTANTS: &[(&str, &str)] = &[
     ("skip-expiry-held-back", "expiry_held_back"),
     // Salvage records a lost range in one gap row, ignored when a gap row has its first number.
     ("salvage-gap-ignored", "salvage_gap_collision"),
+    // A salvage's unrecoverable range covers numbers kept as acknowledged in `outbox_sent`.
+    ("salvage-covers-sent", "salvage_sent_numbers"),
     // A salvage that renumbers the pending messages (the epochs unreadable) copies the gap rows
     // with their old numbers, which then name renumbered messages.
     ("salvage-renumbered-gaps-kept", "salvage_unreadable_epochs"),

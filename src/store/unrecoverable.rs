@@ -5,6 +5,12 @@
 //! row of their own, copied from the damaged file. `outbox_gaps.seq` is unique, so a range row
 //! starting at such a number cannot be inserted; recording only what no gap row covers yet keeps
 //! every number under exactly one gap row, and the range is never dropped silently.
+//!
+//! The range may also hold numbers already acknowledged, deleted from `outbox` long before the
+//! damage. A notice over them is not loss, and would hide a broker's loss of one of them from the
+//! cloud; those kept in `outbox_sent` (`Options::sent_retention`) are left out. Without sent
+//! retention the store no longer knows them, and the notice may cover some (the consumer counts
+//! only the numbers it did not get).
 
 use rusqlite::{Connection, params};
 
@@ -14,8 +20,8 @@ use crate::error::Result;
 /// What the gap rows say about a lost range.
 const WHY: &str = "unreadable after the database file was damaged";
 
-/// Records `first..=last` as unrecoverable in `tx`, less the numbers a gap row already covers;
-/// returns the ranges recorded.
+/// Records `first..=last` as unrecoverable in `tx`, less the numbers a gap row already covers
+/// and those acknowledged (kept in `outbox_sent`); returns the ranges recorded.
 pub(crate) fn record(tx: &Connection, first: i64, last: i64) -> Result<Vec<(i64, i64)>> {
     if crate::mutant::active("salvage-gap-ignored") {
         // The whole range in one row, ignored if a gap row has its first number.
@@ -26,13 +32,21 @@ pub(crate) fn record(tx: &Connection, first: i64, last: i64) -> Result<Vec<(i64,
         )?;
         return Ok(vec![(first, last)]);
     }
-    let covered: Vec<(i64, i64)> = tx
+    let mut covered: Vec<(i64, i64)> = tx
         .prepare(
             "SELECT seq, coalesce(last_seq, seq) FROM main.outbox_gaps
-             WHERE seq <= ?2 AND coalesce(last_seq, seq) >= ?1 ORDER BY seq",
+             WHERE seq <= ?2 AND coalesce(last_seq, seq) >= ?1",
         )?
         .query_map([first, last], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<rusqlite::Result<_>>()?;
+    if !crate::mutant::active("salvage-covers-sent") {
+        let sent = tx
+            .prepare("SELECT seq, seq FROM main.outbox_sent WHERE seq BETWEEN ?1 AND ?2")?
+            .query_map([first, last], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<rusqlite::Result<Vec<(i64, i64)>>>()?;
+        covered.extend(sent);
+    }
+    covered.sort_unstable();
     let free = uncovered(first, last, &covered);
     for &(a, b) in &free {
         // No `OR IGNORE`: `a` is covered by no gap row, so a conflict here is a bug to report,
