@@ -137,6 +137,13 @@ impl Consumer {
     /// consumer that joins late counts from the first number it sees). Turn on for a consumer
     /// that is there from each device's first message (a field test): then numbers before the
     /// first one seen are missing too. A new epoch of a source already seen always counts from 1.
+    ///
+    /// A consumer that joins late cannot account for the numbers below its first one: a message
+    /// there is answered [`Verdict::Unknown`], and a loss there is never reported. With priority
+    /// lanes the first number seen is often a higher lane's, above a lower lane's backlog still to
+    /// come; lowering the start as that backlog arrives would report as lost what was delivered
+    /// before the consumer joined. A service that must see every loss keeps its consumer from the
+    /// start (and its state across restarts).
     pub fn from_start(mut self, on: bool) -> Self {
         self.from_start = on;
         self
