@@ -124,8 +124,11 @@ pub(crate) fn check_file(conn: &mut Connection, path: &Path) -> Result<()> {
     };
     let same_file = |stored: Option<&str>| identity.is_none() || stored == identity.as_deref();
     let behind = |c: &Connection| -> Result<Option<i64>> {
+        let Some(published) = published else {
+            return Ok(None);
+        };
         let high = highest_used(c)?;
-        Ok(published.filter(|&p| high < p).map(|_| high))
+        Ok((high < published).then_some(high))
     };
     if same_file(read(conn)?.as_deref()) && behind(conn)?.is_none() {
         return Ok(());
