@@ -35,7 +35,7 @@ fn a_batch_held_back_by_the_pace_goes_without_its_expired_rows() -> TestResult {
     outbox.transaction(|tx| {
         tx.publish("exphb/first", "first", &0u64)?;
         for i in 0..READINGS {
-            let reading = Message::new("exphb/t", &format!("r{i}"), &i)?;
+            let reading = Message::new("exphb/t", format!("r{i}"), &i)?;
             tx.send(&reading.expires_after(Duration::from_secs(3600)))?;
         }
         // No lifetime: it outlives the jump and is what the batch becomes.
