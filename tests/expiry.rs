@@ -139,9 +139,11 @@ fn mqtt5_publishes_carry_the_remaining_lifetime() -> TestResult {
     Ok(())
 }
 
-/// A row read ahead and then held back (here by a pace) is checked again when its turn comes: a
-/// reading worthless after a second is removed and announced, never published late. A relay that
-/// checks expiry only when it reads rows publishes all forty.
+/// A row read ahead that waits in its lane (here for the pace) is checked again when its turn
+/// comes: a reading worthless after a second is removed and announced, never published late. A
+/// relay that checks expiry only when it reads rows publishes all forty. The bound on the count
+/// cannot see a single late publish (the one the pace held back after packing it):
+/// `tests/expiry_held_back.rs` makes that one certain and checks it.
 #[test]
 fn a_message_that_expires_while_it_waits_its_turn_is_not_published() -> TestResult {
     let broker = Broker::start()?;

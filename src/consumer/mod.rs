@@ -11,7 +11,9 @@
 //! It knows no MQTT: feed it decoded items from any client (or from a bridge into Kafka, or a
 //! file), in the order they arrive. Memory is bounded: the ids of the last
 //! [`dedupe_window`](Consumer::dedupe_window) messages, the open gaps of each stream, the last
-//! number of each of the most recent keys.
+//! number of each of the most recent keys. Where a bound leaves it unable to tell a first delivery
+//! from a duplicate, it says so ([`Verdict::Unknown`]) rather than guess: a message is called a
+//! duplicate only on proof (its id, or its number known to be accounted for).
 //!
 //! A consumer must see **every topic** a source publishes on: the numbering counts them all.
 //!
@@ -71,6 +73,17 @@ pub enum Verdict {
     },
     /// A message already seen (same id, or same source, epoch and sequence number): skip it.
     Duplicate,
+    /// A message whose number is outside what the consumer remembers, and whose id is not among
+    /// the recent ones: it cannot tell a first delivery from a duplicate. Process it, with the
+    /// service's own deduplication on `id` (an [`Outbox::receive`](crate::Outbox::receive) inbox,
+    /// a unique key) deciding; the consumer never calls a message a duplicate without proof.
+    ///
+    /// Two cases: a number below the first one a late-joining consumer counted from (see
+    /// [`Consumer::from_start`]), and a number at or below a stream's *horizon*, the highest
+    /// number of a gap given up on because more than [`max_gaps`](Consumer::max_gaps) were open
+    /// (a long drain of a higher priority lane opens one per message). It is counted as delivered,
+    /// and in [`StreamReport::unplaced`].
+    Unknown,
     /// A gap notice: the sender removed these numbers before publishing them.
     Announced,
 }
@@ -124,13 +137,22 @@ impl Consumer {
     /// consumer that joins late counts from the first number it sees). Turn on for a consumer
     /// that is there from each device's first message (a field test): then numbers before the
     /// first one seen are missing too. A new epoch of a source already seen always counts from 1.
+    ///
+    /// A consumer that joins late cannot account for the numbers below its first one: a message
+    /// there is answered [`Verdict::Unknown`], and a loss there is never reported. With priority
+    /// lanes the first number seen is often a higher lane's, above a lower lane's backlog still to
+    /// come; lowering the start as that backlog arrives would report as lost what was delivered
+    /// before the consumer joined. A service that must see every loss keeps its consumer from the
+    /// start (and its state across restarts).
     pub fn from_start(mut self, on: bool) -> Self {
         self.from_start = on;
         self
     }
 
     /// Most open gaps kept per stream (default 10,000); past it the oldest is given up on and
-    /// counted as unexplained.
+    /// counted as unexplained ([`StreamReport::forgotten`]). Below the highest number given up
+    /// on, the consumer no longer knows which numbers arrived: a message there whose id is not
+    /// recent is answered [`Verdict::Unknown`], and a gap notice there is counted as announced.
     pub fn max_gaps(mut self, ranges: usize) -> Self {
         self.bounds.max_missing_ranges = ranges.max(1);
         self
@@ -171,8 +193,11 @@ impl Consumer {
             Published::Message(env) => self.message(env, now),
             Published::Gap(gap) => {
                 let bounds = self.bounds;
+                // A notice arrives again with the same id: its numbers at or below a stream's
+                // horizon, which cannot be checked against what arrived, count only once.
+                let fresh = self.window.insert(gap.id);
                 let stream = self.stream(&gap.source, gap.epoch, gap.first);
-                stream.announce(gap.first, gap.last, gap.cause.as_str(), now, bounds);
+                stream.announce(gap.first, gap.last, gap.cause.as_str(), fresh, now, bounds);
                 Verdict::Announced
             }
         }
@@ -199,10 +224,19 @@ impl Consumer {
                 stream.duplicates += 1;
                 Verdict::Duplicate
             }
-            // Same id under a new number: a message published again (a dead letter retried).
-            Slot::New { .. } if !fresh_id => {
+            // Same id under a new number: a message published again (a dead letter retried); or
+            // a number the stream cannot place, which the id proves a duplicate.
+            Slot::New { .. } | Slot::Unknown if !fresh_id => {
                 stream.duplicates += 1;
                 Verdict::Duplicate
+            }
+            Slot::Unknown => {
+                // Delivered, as far as anyone can tell; its key's order is not followed (it may
+                // be an old message again, which would look reordered).
+                stream.delivered += 1;
+                stream.unplaced_message(env.seq);
+                self.window.insert(env.id);
+                Verdict::Unknown
             }
             Slot::New { late } => {
                 stream.delivered += 1;
@@ -263,6 +297,8 @@ impl Consumer {
                 announced_by_cause: s.announced.clone(),
                 unexplained: s.missing_for(grace, now),
                 forgotten: s.forgotten,
+                unplaced: s.unplaced,
+                forgotten_unexplained: s.forgotten_unexplained(),
                 open: s.missing_count(),
             })
             .collect();
@@ -284,7 +320,7 @@ impl Consumer {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Totals {
-    /// Messages delivered once (duplicates not counted).
+    /// Messages delivered once (duplicates not counted; [`Verdict::Unknown`] ones counted).
     pub delivered: u64,
     /// Duplicates recognised and skipped.
     pub duplicates: u64,
@@ -310,7 +346,7 @@ pub struct StreamReport {
     pub first: u64,
     /// The highest number seen (delivered or announced).
     pub last: u64,
-    /// Messages delivered once.
+    /// Messages delivered once (with those answered [`Verdict::Unknown`]).
     pub delivered: u64,
     /// Duplicates skipped.
     pub duplicates: u64,
@@ -325,16 +361,26 @@ pub struct StreamReport {
     /// Ranges `(first, last)` neither delivered nor announced, missing for at least the grace
     /// period: lost after the sender handed them to the broker.
     pub unexplained: Vec<(u64, u64)>,
-    /// Numbers given up on because too many gaps were open (also lost).
+    /// Numbers given up on because too many gaps were open ([`Consumer::max_gaps`]): missing
+    /// then.
     pub forgotten: u64,
+    /// Numbers at or below the highest one given up on that arrived since, in messages
+    /// ([`Verdict::Unknown`]) or gap notices: the consumer cannot tell which numbers they were,
+    /// so each is taken to explain one number given up on.
+    pub unplaced: u64,
+    /// The numbers given up on less those unplaced (at least 0): counted as unexplained. An
+    /// estimate: an old message arriving again after its id left the dedupe window would lower
+    /// it.
+    pub forgotten_unexplained: u64,
     /// Numbers missing right now, grace or not.
     pub open: u64,
 }
 
 impl StreamReport {
-    /// How many numbers are unexplained.
+    /// How many numbers are unexplained: the ranges, and the numbers given up on that nothing
+    /// arrived for since ([`forgotten_unexplained`](Self::forgotten_unexplained)).
     pub fn unexplained_count(&self) -> u64 {
-        self.forgotten + self.unexplained.iter().map(|(f, l)| l - f + 1).sum::<u64>()
+        self.forgotten_unexplained + self.unexplained.iter().map(|(f, l)| l - f + 1).sum::<u64>()
     }
 }
 
@@ -418,12 +464,17 @@ mod tests {
         let mut c = Consumer::new();
         c.observe(&Published::Message(msg("a", 1, 500, "k")));
         c.observe(&Published::Message(msg("a", 1, 501, "k")));
+        // Before its first number: it cannot tell whether the service had it.
+        assert_eq!(
+            c.observe(&Published::Message(msg("a", 1, 499, "k"))),
+            Verdict::Unknown
+        );
         // The device was restored: a new epoch must start at 1, so 1..=2 are missing.
         c.observe(&Published::Message(msg("a", 2, 3, "k")));
         let r = c.report();
         assert_eq!(r.streams[0].unexplained, vec![]);
         assert_eq!(r.streams[1].unexplained, vec![(1, 2)]);
-        assert_eq!(r.totals.delivered, 3);
+        assert_eq!(r.totals.delivered, 4);
     }
 
     #[test]

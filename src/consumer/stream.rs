@@ -4,6 +4,11 @@
 //! Memory is the number of open missing ranges (bounded: past the bound the oldest is given up
 //! on and counted as unexplained) plus the keys' last sequence numbers (bounded, forgotten
 //! oldest first).
+//!
+//! Giving a range up leaves a horizon: below it the stream no longer knows which numbers were
+//! accounted for and which were given up on, so a number that arrives there is neither new nor
+//! seen but unknown, and a notice there is taken at its word. Ranges are given up lowest first and
+//! new ones open above `high`, so every range still open lies above the horizon.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -15,6 +20,9 @@ pub(crate) enum Slot {
     New { late: bool },
     /// A number already accounted for.
     Seen,
+    /// A number the stream cannot place: at or below the horizon and not missing (accounted
+    /// for, or given up on), or before `base`.
+    Unknown,
 }
 
 #[derive(Debug)]
@@ -33,6 +41,11 @@ pub(crate) struct Stream {
     pub(crate) announced: BTreeMap<String, u64>,
     /// Numbers given up on because too many ranges were open: counted as unexplained.
     pub(crate) forgotten: u64,
+    /// The horizon: the highest number of a range given up on (`base - 1` while none was).
+    pub(crate) horizon: u64,
+    /// Numbers at or below the horizon that arrived (messages answered unknown, numbers of
+    /// notices): each may be one given up on.
+    pub(crate) unplaced: u64,
     keys: HashMap<String, u64>,
     key_order: VecDeque<String>,
 }
@@ -57,6 +70,8 @@ impl Stream {
             reordered: 0,
             announced: BTreeMap::new(),
             forgotten: 0,
+            horizon: base.saturating_sub(1),
+            unplaced: 0,
             keys: HashMap::new(),
             key_order: VecDeque::new(),
         }
@@ -72,11 +87,13 @@ impl Stream {
             return Slot::New { late: false };
         }
         if seq < self.base {
-            // Before this consumer started counting: it cannot tell, so counts it as new.
-            return Slot::New { late: true };
+            // Before this consumer started counting: it cannot tell.
+            return Slot::Unknown;
         }
         if self.fill(seq, seq) > 0 {
             Slot::New { late: true }
+        } else if seq <= self.horizon && !crate::mutant::active("consumer-forgotten-seen") {
+            Slot::Unknown
         } else {
             Slot::Seen
         }
@@ -103,13 +120,38 @@ impl Stream {
         }
     }
 
-    /// Accounts for `first..=last` as announced removed for `cause`.
-    pub(crate) fn announce(&mut self, first: u64, last: u64, cause: &str, now: Instant, bounds: Bounds) {
+    /// Notes that a message the stream could not place (`Slot::Unknown`) was taken as delivered.
+    pub(crate) fn unplaced_message(&mut self, seq: u64) {
+        // Before `base` is not below the horizon: no number given up on is there.
+        if seq >= self.base {
+            self.unplaced += 1;
+        }
+    }
+
+    /// Accounts for `first..=last` as announced removed for `cause`; `fresh`: the notice was not
+    /// seen before (its numbers at or below the horizon are counted only then).
+    pub(crate) fn announce(
+        &mut self,
+        first: u64,
+        last: u64,
+        cause: &str,
+        fresh: bool,
+        now: Instant,
+        bounds: Bounds,
+    ) {
         let first = first.max(self.base);
         if last < first {
             return;
         }
         let mut count = 0;
+        // At or below the horizon no range is open: what is announced there cannot be checked
+        // against what arrived, and is taken at its word (a device announces only numbers it
+        // did not publish).
+        let below = last.min(self.horizon);
+        if fresh && below >= first && !crate::mutant::active("consumer-forgotten-seen") {
+            count += below - first + 1;
+            self.unplaced += below - first + 1;
+        }
         if last > self.high {
             let from = first.max(self.high + 1);
             if from > self.high + 1 {
@@ -132,6 +174,7 @@ impl Stream {
         while self.missing.len() > bounds.max_missing_ranges.max(1) {
             if let Some((f, (l, _))) = self.missing.pop_first() {
                 self.forgotten += l - f + 1;
+                self.horizon = self.horizon.max(l);
             }
         }
     }
@@ -177,6 +220,12 @@ impl Stream {
     pub(crate) fn missing_count(&self) -> u64 {
         self.missing.iter().map(|(f, (l, _))| l - f + 1).sum()
     }
+
+    /// The numbers given up on that are still unexplained, as far as the stream can tell: each
+    /// number that arrived at or below the horizon is taken to be one of them.
+    pub(crate) fn forgotten_unexplained(&self) -> u64 {
+        self.forgotten.saturating_sub(self.unplaced)
+    }
 }
 
 #[cfg(test)]
@@ -203,14 +252,14 @@ mod tests {
         assert_eq!(ranges(&s), vec![(2, 2), (4, 4)]);
         assert_eq!(s.take(3, now, B), Slot::Seen);
         assert_eq!(s.take(5, now, B), Slot::Seen);
-        s.announce(2, 2, "evicted", now, B);
+        s.announce(2, 2, "evicted", true, now, B);
         assert_eq!(ranges(&s), vec![(4, 4)]);
         // A notice ahead of the stream accounts for its range and opens what lies before it.
-        s.announce(8, 9, "expired", now, B);
+        s.announce(8, 9, "expired", true, now, B);
         assert_eq!(ranges(&s), vec![(4, 4), (6, 7)]);
         assert_eq!(s.high, 9);
         // A notice over numbers already delivered counts only the missing ones.
-        s.announce(3, 7, "purged", now, B);
+        s.announce(3, 7, "purged", true, now, B);
         assert_eq!(ranges(&s), vec![]);
         assert_eq!(s.announced.get("purged"), Some(&3));
         assert_eq!(s.announced.get("evicted"), Some(&1));
@@ -230,6 +279,16 @@ mod tests {
         }
         assert_eq!(ranges(&s), vec![(5, 5), (7, 7)]);
         assert_eq!(s.forgotten, 2);
+        assert_eq!(s.horizon, 3);
+        // Below the horizon: 1 may have arrived or not, 2 did; neither is called seen.
+        assert_eq!(s.take(2, now, bounds), Slot::Unknown);
+        s.unplaced_message(2);
+        assert_eq!(s.take(6, now, bounds), Slot::Seen);
+        // A notice below it is counted once, and only when fresh.
+        s.announce(1, 1, "evicted", true, now, bounds);
+        s.announce(1, 1, "evicted", false, now, bounds);
+        assert_eq!(s.announced.get("evicted"), Some(&1));
+        assert_eq!((s.unplaced, s.forgotten_unexplained()), (2, 0));
     }
 
     #[test]

@@ -94,8 +94,9 @@ pub(crate) fn next(ready: &VecDeque<Ready>, f: &Front<'_>, linger: &mut Option<(
 }
 
 /// Takes the first `n` rows of `ready` and packs them: the batch's publish, as a `Ready` whose
-/// `seq` is its first row's, and every row's sequence number, in order.
-pub(crate) fn take(ready: &mut VecDeque<Ready>, n: usize, rule: &Batching) -> (Ready, Vec<Seq>) {
+/// `seq` is its first row's, and the rows themselves, in order (kept until it is handed over: a
+/// publish held back by the pace is unpacked again if one of them expires meanwhile).
+pub(crate) fn take(ready: &mut VecDeque<Ready>, n: usize, rule: &Batching) -> (Ready, Vec<Ready>) {
     let rows: Vec<Ready> = ready.drain(..n.min(ready.len())).collect();
     let bytes = rows.iter().map(|r| r.envelope.len()).sum();
     let envelope = batch_wire::write_batch(
@@ -103,18 +104,13 @@ pub(crate) fn take(ready: &mut VecDeque<Ready>, n: usize, rule: &Batching) -> (R
         bytes,
         rule.compression,
     );
-    let seqs = rows.iter().map(|r| r.seq).collect();
     // The broker may drop the batch once its expiry passes: the latest of its rows', so that no
     // row goes before its own time (none if any row has no lifetime).
     let expires_at = rows
         .iter()
         .map(|r| r.expires_at)
         .try_fold(i64::MIN, |latest, e| e.map(|e| latest.max(e)));
-    let (seq, topic) = rows
-        .into_iter()
-        .next()
-        .map(|r| (r.seq, r.topic))
-        .unwrap_or_default();
+    let (seq, topic) = rows.first().map(|r| (r.seq, r.topic.clone())).unwrap_or_default();
     (
         Ready {
             seq,
@@ -122,7 +118,7 @@ pub(crate) fn take(ready: &mut VecDeque<Ready>, n: usize, rule: &Batching) -> (R
             envelope,
             expires_at,
         },
-        seqs,
+        rows,
     )
 }
 
@@ -223,7 +219,8 @@ mod tests {
     #[test]
     fn take_packs_rows_in_order() {
         let mut q: VecDeque<Ready> = [row(4, "t"), row(7, "t"), row(9, "u")].into();
-        let (publish, seqs) = take(&mut q, 2, &Batching::new());
+        let (publish, rows) = take(&mut q, 2, &Batching::new());
+        let seqs: Vec<Seq> = rows.iter().map(|r| r.seq).collect();
         assert_eq!((publish.seq, publish.topic.as_str(), seqs), (4, "t", vec![4, 7]));
         assert_eq!(q.len(), 1);
         let unpacked = batch_wire::unpack(&publish.envelope).expect("unpacks");

@@ -23,6 +23,7 @@ use super::rows;
 use crate::error::Result;
 use crate::mqtt::status::{Source, StatusCell};
 use crate::store::Options;
+use crate::store::published::Watermark;
 
 /// What the publisher sends the marker.
 pub(crate) enum Mark {
@@ -81,6 +82,9 @@ pub(crate) struct Marker {
     pub options: Options,
     pub status: Arc<StatusCell>,
     pub rx: Receiver<Mark>,
+    /// How far the cloud has the numbers (beside the file): a backup restored in place is told
+    /// by its counter being behind it.
+    pub watermark: Watermark,
 }
 
 impl Marker {
@@ -128,9 +132,13 @@ impl Marker {
                 }
             }
             if !pending.is_empty() {
+                let high = pending.iter().copied().max();
                 match rows::mark_acked(&mut self.conn, &self.options, &mut pending) {
                     Ok(()) => {
                         pending.clear();
+                        if let Some(high) = high {
+                            self.watermark.raise(high);
+                        }
                         failed = false;
                         self.status.clear_error(Source::Marking);
                     }
@@ -146,7 +154,12 @@ impl Marker {
             }
             if !announced.is_empty() {
                 match super::gaps::mark_announced(&mut self.conn, &self.options, &announced) {
-                    Ok(()) => announced.clear(),
+                    Ok(()) => {
+                        if let Some(high) = announced.iter().map(|&(_, last)| last).max() {
+                            self.watermark.raise(high);
+                        }
+                        announced.clear();
+                    }
                     // Kept and retried: a notice not marked is only published again (same id).
                     Err(e) => {
                         tracing::error!(error = %e, "could not mark announced gaps");
@@ -160,6 +173,7 @@ impl Marker {
                 let _ = reply.send(());
             }
         }
+        self.watermark.sync();
         Ok(())
     }
 }

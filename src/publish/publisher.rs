@@ -157,10 +157,28 @@ struct State {
     uptime: UptimeClock,
 }
 
-/// One MQTT publish, ready to hand over: a row, or a batch of rows (`members`).
+/// One MQTT publish, ready to hand over: a row, or a batch of rows (`members`, packed into `row`).
 struct Publish {
     row: Ready,
-    members: Option<Vec<Seq>>,
+    members: Option<Vec<Ready>>,
+    /// The lane it was taken from.
+    lane: usize,
+}
+
+impl Publish {
+    /// Whether a row of it has expired by `now` (Unix ms).
+    fn has_expired(&self, now: i64) -> bool {
+        let expired = |r: &Ready| r.expires_at.is_some_and(|t| t <= now);
+        match &self.members {
+            Some(rows) => rows.iter().any(expired),
+            None => expired(&self.row),
+        }
+    }
+
+    /// Unpacks it: the rows it was taken as, in order.
+    fn into_rows(self) -> Vec<Ready> {
+        self.members.unwrap_or_else(|| vec![self.row])
+    }
 }
 
 /// A row that was the oldest unacknowledged one when connections died.
@@ -664,6 +682,19 @@ impl Publisher {
                 continue;
             }
             let publish = match s.held_back.take() {
+                // Packed before, held back by the pace, and a row of it expired while it waited:
+                // its rows go back to the head of their lane, where the check above removes the
+                // expired ones (and records their gaps) before the rest is taken again.
+                Some(held)
+                    if held.has_expired(crate::time::now_ms())
+                        && !crate::mutant::active("skip-expiry-held-back") =>
+                {
+                    let lane = s.ready.lane(held.lane);
+                    for row in held.into_rows().into_iter().rev() {
+                        lane.push_front(row);
+                    }
+                    continue;
+                }
                 // Packed before, held back by the pace.
                 Some(held) => held,
                 None => {
@@ -700,7 +731,7 @@ impl Publisher {
                         }
                     };
                     s.linger = None;
-                    Publish { row, members }
+                    Publish { row, members, lane }
                 }
             };
             if let Err(until) = s.pacer.take(
@@ -711,7 +742,7 @@ impl Publisher {
                 s.paced_until = Some(until);
                 return;
             }
-            let Publish { row, members } = publish;
+            let Publish { row, members, .. } = publish;
             let Some(live) = &mut s.live else { return };
             let alias = live.aliases.for_topic(&row.topic);
             let expiry = row
@@ -728,7 +759,7 @@ impl Publisher {
                         self.status.on_notice_published(s.tracker.in_flight());
                         continue;
                     }
-                    let rows = members.unwrap_or_else(|| vec![row.seq]);
+                    let rows = members.map_or_else(|| vec![row.seq], |m| m.iter().map(|r| r.seq).collect());
                     for &seq in &rows {
                         let resend = s.unacked_at_cut.remove(&seq);
                         self.status.on_published(s.tracker.in_flight(), resend);

@@ -214,6 +214,7 @@ impl Relay {
             options: outbox.options().clone(),
             status: status.clone(),
             rx: marks_rx,
+            watermark: crate::store::published::Watermark::new(outbox.path()),
         };
         relay.spawn_thread("edge-outbox-marker", move || marker.run())?;
         let publisher = Publisher {

@@ -6,6 +6,12 @@
 //! whenever the numbering may repeat numbers the cloud has already seen with other messages:
 //! when the schema is created, when the file turns out to be a copy (a backup restored over the
 //! device's database, whose counter is behind what was published since), and after a salvage.
+//!
+//! A copy is told two ways. A file that is not the one last opened here (another inode, another
+//! creation time: removed and copied back, cloned to another device) is `copied`. A file whose
+//! counter is behind what the relay had acknowledged from this path (`super::published`, kept
+//! beside the file) is `restored`: a backup copied back in place, which keeps the inode and the
+//! creation time.
 
 use std::path::Path;
 
@@ -54,17 +60,22 @@ pub(crate) fn current(conn: &Connection) -> Result<u64> {
     Ok(epoch.and_then(|e| u64::try_from(e).ok()).unwrap_or(0))
 }
 
-/// Starts a new epoch after every sequence number used so far, in the caller's transaction.
-/// Returns it.
-pub(crate) fn start(conn: &Connection, reason: &str) -> Result<u64> {
-    let next: i64 = conn.query_row(
-        "SELECT 1 + max(
+/// The highest sequence number the store has used: given to a row, or recorded in a gap.
+fn highest_used(conn: &Connection) -> Result<i64> {
+    Ok(conn.query_row(
+        "SELECT max(
              coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'outbox'), 0),
              coalesce((SELECT max(seq) FROM outbox), 0),
              coalesce((SELECT max(coalesce(last_seq, seq)) FROM outbox_gaps), 0))",
         [],
         |r| r.get(0),
-    )?;
+    )?)
+}
+
+/// Starts a new epoch after every sequence number used so far, in the caller's transaction.
+/// Returns it.
+pub(crate) fn start(conn: &Connection, reason: &str) -> Result<u64> {
+    let next = highest_used(conn)? + 1;
     // An epoch that numbered nothing yet is simply replaced.
     conn.execute("DELETE FROM edge_outbox_epochs WHERE first_seq >= ?1", [next])?;
     let epoch: i64 = conn.query_row(
@@ -96,13 +107,13 @@ fn file_identity(path: &Path) -> Option<String> {
     Some(format!("{inode}:{born}"))
 }
 
-/// Starts a new epoch when the file at `path` is not the one this store was last opened as (a
-/// copy: restored from a backup, cloned to another device), and remembers the file. Takes the
-/// write lock only when something changes.
+/// Starts a new epoch when the file at `path` is a copy: not the one this store was last opened
+/// as (restored from a backup, cloned to another device), or behind what the relay published from
+/// this path (a backup restored in place); remembers the file. Takes the write lock only when
+/// something changes.
 pub(crate) fn check_file(conn: &mut Connection, path: &Path) -> Result<()> {
-    let Some(identity) = file_identity(path) else {
-        return Ok(());
-    };
+    let identity = file_identity(path);
+    let published = super::published::read(path).filter(|_| !crate::mutant::active("skip-published-check"));
     let read = |c: &Connection| -> rusqlite::Result<Option<String>> {
         c.query_row(
             "SELECT value FROM edge_outbox_meta WHERE name = 'file_id'",
@@ -111,15 +122,24 @@ pub(crate) fn check_file(conn: &mut Connection, path: &Path) -> Result<()> {
         )
         .optional()
     };
-    if read(conn)?.as_deref() == Some(identity.as_str()) {
+    let same_file = |stored: Option<&str>| identity.is_none() || stored == identity.as_deref();
+    let behind = |c: &Connection| -> Result<Option<i64>> {
+        let Some(published) = published else {
+            return Ok(None);
+        };
+        let high = highest_used(c)?;
+        Ok((high < published).then_some(high))
+    };
+    if same_file(read(conn)?.as_deref()) && behind(conn)?.is_none() {
         return Ok(());
     }
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let stored = read(&tx)?;
-    if stored.as_deref() == Some(identity.as_str()) {
+    let behind_at = behind(&tx)?;
+    if same_file(stored.as_deref()) && behind_at.is_none() {
         return Ok(());
     }
-    if stored.is_some() {
+    if stored.is_some() && !same_file(stored.as_deref()) {
         let epoch = start(&tx, "copied")?;
         tracing::warn!(
             path = %path.display(),
@@ -127,13 +147,33 @@ pub(crate) fn check_file(conn: &mut Connection, path: &Path) -> Result<()> {
             "this database file is a copy of the one last opened here (restored from a backup?): \
              numbering messages in a new epoch, so the cloud cannot mistake them for ones it has"
         );
+    } else if let Some(high) = behind_at {
+        let epoch = start(&tx, "restored")?;
+        tracing::warn!(
+            path = %path.display(),
+            epoch,
+            high,
+            published = published.unwrap_or(0),
+            "this database file is behind what was published from it (a backup restored in \
+             place?): numbering messages in a new epoch, so the cloud cannot mistake them for ones \
+             it has"
+        );
     }
-    tx.execute(
-        "INSERT INTO edge_outbox_meta (name, value) VALUES ('file_id', ?1)
-         ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-        [identity],
-    )?;
+    if let Some(identity) = &identity {
+        tx.execute(
+            "INSERT INTO edge_outbox_meta (name, value) VALUES ('file_id', ?1)
+             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            [identity],
+        )?;
+    }
     tx.commit()?;
+    if let Some(high) = behind_at {
+        // Numbers from the counter on are the new epoch's: the watermark starts again there. A
+        // failure here only starts one more (empty) epoch at the next open.
+        if let Err(e) = super::published::write(path, high) {
+            tracing::warn!(error = %e, "could not reset the published watermark");
+        }
+    }
     Ok(())
 }
 

@@ -77,12 +77,17 @@ pub(crate) fn runs(sorted: &[i64]) -> Vec<(i64, i64)> {
 }
 
 /// Removes pending messages whose expiry has passed, at most `batch`, with their gap rows, in one
-/// `BEGIN IMMEDIATE` transaction. Returns how many.
+/// `BEGIN IMMEDIATE` transaction. Returns how many. A row the relay has claimed is left to the
+/// relay: it may be on the wire, and announced as expired the cloud would get it and a notice
+/// that it was removed; the relay removes it when it reads it again and it is still unpublished.
 pub(crate) fn expire_due(conn: &Connection, batch: usize) -> Result<u64> {
     let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)?;
-    let mut stmt = tx.prepare_cached(
-        "SELECT seq FROM outbox WHERE expires_at IS NOT NULL AND expires_at <= ?1 ORDER BY seq LIMIT ?2",
-    )?;
+    let mut stmt = tx.prepare_cached(if crate::mutant::active("remove-claimed") {
+        "SELECT seq FROM outbox WHERE expires_at IS NOT NULL AND expires_at <= ?1 ORDER BY seq LIMIT ?2"
+    } else {
+        "SELECT seq FROM outbox WHERE expires_at IS NOT NULL AND expires_at <= ?1 AND claimed IS NULL
+         ORDER BY seq LIMIT ?2"
+    })?;
     let seqs = stmt
         .query_map(params![now_ms(), i64::try_from(batch).unwrap_or(i64::MAX)], |r| {
             r.get::<_, i64>(0)

@@ -12,6 +12,7 @@ mod integrity;
 mod open;
 mod options;
 pub(crate) mod outbox;
+pub(crate) mod published;
 mod reentry;
 mod refusal_log;
 pub(crate) mod relay_lock;
@@ -22,6 +23,7 @@ mod schema;
 mod signing;
 mod stats;
 pub(crate) mod trust;
+mod unrecoverable;
 pub(crate) mod uptime;
 pub(crate) mod watch;
 

@@ -464,13 +464,17 @@ fn make_room(tx: &Transaction<'_>, limits: &Limits, size: u64, coalescing: Optio
     }
 }
 
-/// Deletes the oldest evictable pending message of the lowest priority, recording the gap; false
-/// if there is none.
+/// Deletes the oldest evictable pending message of the lowest priority that the relay has not
+/// claimed, recording the gap; false if there is none.
 fn evict_oldest(tx: &Transaction<'_>) -> Result<bool> {
-    let oldest: Option<i64> = tx
-        .prepare_cached("SELECT seq FROM outbox WHERE evictable = 1 ORDER BY priority, seq LIMIT 1")?
-        .query_row([], |r| r.get(0))
-        .optional()?;
+    // Not a claimed row: the relay may have it on the wire, and the cloud would get it and a
+    // notice that it was evicted.
+    let sql = if crate::mutant::active("remove-claimed") {
+        "SELECT seq FROM outbox WHERE evictable = 1 ORDER BY priority, seq LIMIT 1"
+    } else {
+        "SELECT seq FROM outbox WHERE evictable = 1 AND claimed IS NULL ORDER BY priority, seq LIMIT 1"
+    };
+    let oldest: Option<i64> = tx.prepare_cached(sql)?.query_row([], |r| r.get(0)).optional()?;
     let Some(seq) = oldest else {
         return Ok(false);
     };

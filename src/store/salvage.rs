@@ -7,7 +7,9 @@
 //! rows, commands, dead letters). Pending messages keep their sequence numbers and epoch, so a
 //! message the cloud already has is recognised as such; the numbers between readable rows that a
 //! damaged page held are recorded as an `unrecoverable` gap for the relay to announce. New
-//! messages are numbered in a new epoch, after every number the damaged file may have used.
+//! messages are numbered in a new epoch, after every number the damaged file may have used. When
+//! the epochs themselves are unreadable, pending messages are numbered anew and the gap rows are
+//! not copied (their numbers name no epoch any more).
 //!
 //! Then the damaged file (and its WAL) is renamed `<name>.corrupt-<unix ms>` for an operator, and
 //! the fresh one takes its place. A crash before that swap leaves the damaged file in place (the
@@ -24,7 +26,6 @@ use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::epoch;
-use super::gaps::Removal;
 use super::open;
 use super::options::Options;
 use crate::error::{Error, Result};
@@ -41,7 +42,8 @@ pub struct Salvaged {
     /// Tables copied: name, rows copied, rows (or row ranges) that could not be read.
     pub tables: Vec<SalvagedTable>,
     /// Pending messages whose numbers could not be read, as outbox `seq` ranges: announced to
-    /// the cloud as an `unrecoverable` gap.
+    /// the cloud as an `unrecoverable` gap. Numbers a gap row already accounted for (removed
+    /// earlier, their own notice still to go) are left out.
     pub unrecoverable: Vec<(i64, i64)>,
     /// Pending messages salvaged.
     pub pending_messages: u64,
@@ -172,7 +174,10 @@ fn copy_into(conn: &mut Connection, damaged: &Path) -> Result<Salvaged> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let salvaged_before: i64 = match &src {
         Ok(src) => {
-            copy_all(src, &tx, &mut report)?;
+            // The numbers acknowledged from this path, kept beside it: new messages must not
+            // reuse them even if the damaged file's counter is unreadable.
+            let published = super::published::read(damaged).unwrap_or(0);
+            copy_all(src, &tx, &mut report, published)?;
             src.query_row(
                 "SELECT value FROM edge_outbox_meta WHERE name = 'corruptions_salvaged'",
                 [],
@@ -205,8 +210,9 @@ fn copy_into(conn: &mut Connection, damaged: &Path) -> Result<Salvaged> {
     Ok(report)
 }
 
-/// Copies from the damaged file `src` into the fresh one's open transaction `tx`.
-fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged) -> Result<()> {
+/// Copies from the damaged file `src` into the fresh one's open transaction `tx`; `published`:
+/// the highest number acknowledged from it (its watermark).
+fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged, published: i64) -> Result<()> {
     // The damaged file's schema: what it had, in creation order.
     let schema: Vec<(String, String, Option<String>)> = rows_or_empty(
         src,
@@ -248,6 +254,30 @@ fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged) -> Result<
         // Without the damaged file's epochs, its messages cannot keep their numbers: they are
         // numbered anew, in the new epoch (their ids are kept, so the cloud recognises them).
         let renumber = name == "outbox" && old_epochs.is_none();
+        // Nor can its gap rows: their numbers belong to epochs nobody can name any more, and
+        // copied as they are they would name the renumbered messages. Their numbers show in the
+        // cloud as unexplained, which is what they have become.
+        if name == "outbox_gaps"
+            && old_epochs.is_none()
+            && !crate::mutant::active("salvage-renumbered-gaps-kept")
+        {
+            let rows = src
+                .query_row("SELECT count(*) FROM outbox_gaps", [], |r| r.get::<_, i64>(0))
+                .map_or_else(|_| "its".to_owned(), |n| n.to_string());
+            tracing::error!(
+                rows,
+                "salvage: the epochs are unreadable, so the gap rows cannot be announced"
+            );
+            report.tables.push(SalvagedTable {
+                name: name.clone(),
+                rows: 0,
+                lost: Vec::new(),
+                failed: Some(format!(
+                    "not copied: {rows} gap rows name numbers of epochs that could not be read"
+                )),
+            });
+            continue;
+        }
         let table = copy_table(src, tx, name, renumber);
         if name == "outbox" {
             report.pending_messages = table.rows;
@@ -284,7 +314,11 @@ fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged) -> Result<
         [],
         |r| r.get(0),
     )?;
-    let high = old_high.unwrap_or(0).max(copied_high).max(gaps_high);
+    let high = old_high
+        .unwrap_or(0)
+        .max(copied_high)
+        .max(gaps_high)
+        .max(published);
     if let Some(epochs) = &old_epochs {
         tx.execute("DELETE FROM main.edge_outbox_epochs", [])?;
         for (epoch, first, reason, started) in epochs {
@@ -302,12 +336,9 @@ fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged) -> Result<
                 }
                 // One gap row per range and epoch: a notice names one epoch.
                 for (a, b) in split_by_epochs(first, last, epochs) {
-                    tx.execute(
-                        "INSERT OR IGNORE INTO main.outbox_gaps (seq, last_seq, topic, cause, why)
-                         VALUES (?1, ?2, ?3, ?4, 'unreadable after the database file was damaged')",
-                        params![a, b, super::gaps::FALLBACK_TOPIC, Removal::Unrecoverable.as_sql()],
-                    )?;
-                    report.unrecoverable.push((a, b));
+                    report
+                        .unrecoverable
+                        .extend(super::unrecoverable::record(tx, a, b)?);
                 }
             }
         }

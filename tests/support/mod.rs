@@ -8,7 +8,8 @@
 //! - [`ledger`]: a device whose commands credit a balance, behind a relay.
 //! - [`mqtt_proxy`]: an MQTT-aware proxy that holds back or drops PUBACKs, chokes on chosen
 //!   messages and drops connections after an event (a broker that misbehaves).
-//! - [`mutant`]: this test binary run again with a mutant on, for the scenario mutants.
+//! - [`mutant`]: this test binary run again with a mutant on, for the scenario mutants: it must
+//!   fail, on its own verdict.
 //! - [`mux`]: one address for MQTT 3.1.1 and 5 clients in front of rumqttd.
 //! - [`python`]: an interpreter with `cbor2` for the interoperability tests, provisioned once.
 //! - [`subscriber`]: an independent rumqttc client that collects what arrives, and one-shot publishing.

@@ -182,6 +182,8 @@ fn to_json(report: &Report, malformed: u64) -> serde_json::Value {
             "announced_by_cause": s.announced_by_cause,
             "unexplained": s.unexplained_count(),
             "unexplained_ranges": s.unexplained,
+            "forgotten": s.forgotten,
+            "unplaced": s.unplaced,
         })).collect::<Vec<_>>(),
         "totals": {
             "delivered": report.totals.delivered,
