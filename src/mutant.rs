@@ -54,7 +54,10 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     ("salvage-covers-sent", "tests/salvage_sent_numbers.rs"),
     // A salvage that renumbers the pending messages (the epochs unreadable) copies the gap rows
     // with their old numbers, which then name renumbered messages.
-    ("salvage-renumbered-gaps-kept", "tests/salvage_unreadable_epochs.rs"),
+    (
+        "salvage-renumbered-gaps-kept",
+        "tests/salvage_unreadable_epochs.rs",
+    ),
     // The consumer takes a number at or below its horizon (a gap given up on past `max_gaps`) as
     // seen, and ignores a notice there.
     ("consumer-forgotten-seen", "tests/consumer_bounds.rs"),

@@ -34,7 +34,8 @@ fn each_scenario_mutant_is_switched_on_in_src_and_run_by_its_test() -> TestResul
         );
         let test = std::fs::read_to_string(root.join(file)).map_err(|e| format!("{file}: {e}"))?;
         assert!(
-            test.contains("support::mutant::caught(") && test.contains(&format!("\"{name}\"")),
+            (test.contains("support::mutant::caught(") || test.contains("support::mutant::caught_by("))
+                && test.contains(&format!("\"{name}\"")),
             "{file} does not run mutant {name}"
         );
     }
