@@ -162,6 +162,14 @@ fn a_password_in_the_url_is_used_and_never_printed_and_files_are_owner_only() {
         "relay lock"
     );
     assert_eq!(mode(&status_file), 0o600, "status file");
+    // The published watermark, written by the marker once the messages above are acknowledged.
+    let watermark = PathBuf::from(format!("{}.published", db.display()));
+    let deadline = Instant::now() + WAIT;
+    while !watermark.exists() {
+        assert!(Instant::now() < deadline, "no published watermark");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(mode(&watermark), 0o600, "published watermark");
 
     // A second relay on another spelling of the same path is refused (exit 4).
     let dotted = tmp

@@ -47,9 +47,19 @@ pub(crate) fn read(db: &Path) -> Option<i64> {
 /// Sets the watermark of `db` to `seq` (lowering it too: after a new epoch, numbers from the
 /// file's counter on are new).
 pub(crate) fn write(db: &Path, seq: i64) -> std::io::Result<()> {
-    let mut file = File::create(path(db))?;
+    let mut file = open_private(&path(db), true)?;
     file.write_all(&line(seq))?;
     file.sync_data()
+}
+
+/// Opens (creating) the watermark file for writing, readable by the owner only, like the
+/// database beside it.
+fn open_private(path: &Path, truncate: bool) -> std::io::Result<File> {
+    let mut open = std::fs::OpenOptions::new();
+    open.write(true).create(true).truncate(truncate);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
+    open.open(path)
 }
 
 /// The file's length: twenty digits and a newline.
@@ -107,11 +117,7 @@ impl Watermark {
 
     fn overwrite(&mut self) -> std::io::Result<()> {
         if self.file.is_none() {
-            let file = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(path(&self.db))?;
+            let file = open_private(&path(&self.db), false)?;
             // Whatever was there (a torn write, garbage) must not trail the number.
             file.set_len(LEN)?;
             self.file = Some(file);
