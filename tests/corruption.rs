@@ -14,49 +14,16 @@ mod common;
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use common::{TestResult, command_bytes, query_i64, temp_db};
 use edge_outbox::consumer::Consumer;
 use edge_outbox::{MessageId, Options, Outbox, Relay};
+use support::damage::{damage_page_of, marked_payload};
 use support::device::relay_config;
 use support::{Broker, Subscriber, wait_until};
 
-const PAGE_MARK: &[u8] = b"row-";
-
 fn payload(n: u64) -> String {
-    // Long enough that a page holds a few dozen rows; the mark finds them in the file.
-    format!("row-{n:06}-{}", "x".repeat(90))
-}
-
-/// The outbox row numbers whose payload mark appears in `page`.
-fn marks_in(page: &[u8]) -> BTreeSet<i64> {
-    let mut found = BTreeSet::new();
-    for at in 0..=page.len().saturating_sub(PAGE_MARK.len() + 6) {
-        if &page[at..at + PAGE_MARK.len()] == PAGE_MARK
-            && let Ok(digits) = std::str::from_utf8(&page[at + 4..at + 10])
-            && let Ok(n) = digits.parse::<i64>()
-        {
-            found.insert(n);
-        }
-    }
-    found
-}
-
-/// Overwrites the first page of `db` holding the mark of row `near` with garbage; returns the
-/// rows that page held.
-fn damage_page_of(db: &Path, page_size: usize, near: i64) -> TestResult<BTreeSet<i64>> {
-    let mut bytes = std::fs::read(db)?;
-    let needle = format!("row-{near:06}");
-    let page = bytes
-        .chunks(page_size)
-        .position(|p| p.windows(needle.len()).any(|w| w == needle.as_bytes()))
-        .ok_or_else(|| format!("no page holds {needle}"))?;
-    let range = page * page_size..(page + 1) * page_size;
-    let rows = marks_in(&bytes[range.clone()]);
-    bytes[range].fill(0xAB);
-    std::fs::write(db, bytes)?;
-    Ok(rows)
+    marked_payload(n as i64)
 }
 
 #[test]

@@ -13,30 +13,12 @@ mod common;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 
 use common::{TestResult, query_i64, temp_db};
 use edge_outbox::{Options, Outbox};
+use support::damage::{damage_page_of, marked_payload};
 
 const ROWS: i64 = 3000;
-
-fn payload(n: i64) -> String {
-    // Long enough that a page holds a few dozen rows; the mark finds them in the file.
-    format!("row-{n:06}-{}", "x".repeat(90))
-}
-
-/// Overwrites the page of `db` holding row `near`'s payload with garbage.
-fn damage_page_of(db: &Path, page_size: usize, near: i64) -> TestResult {
-    let mut bytes = std::fs::read(db)?;
-    let needle = format!("row-{near:06}");
-    let page = bytes
-        .chunks(page_size)
-        .position(|p| p.windows(needle.len()).any(|w| w == needle.as_bytes()))
-        .ok_or_else(|| format!("no page holds {needle}"))?;
-    bytes[page * page_size..(page + 1) * page_size].fill(0xAB);
-    std::fs::write(db, bytes)?;
-    Ok(())
-}
 
 #[test]
 fn an_unreadable_range_starting_at_a_purged_number_is_still_recorded() -> TestResult {
@@ -50,7 +32,7 @@ fn an_unreadable_range_starting_at_a_purged_number_is_still_recorded() -> TestRe
                 } else {
                     "salvage/kept"
                 };
-                tx.publish(topic, "k", &payload(n))?;
+                tx.publish(topic, "k", &marked_payload(n))?;
             }
             Ok::<_, edge_outbox::Error>(())
         })?;

@@ -4,6 +4,7 @@
 //!   when it is installed or asked for, rumqttd otherwise; `EDGE_OUTBOX_BROKER` chooses).
 //! - [`child`]: child processes killed when their test ends, fails or panics, and this test
 //!   binary run again as a child process that can abort or be killed.
+//! - [`damage`]: rows with a mark findable in the file, and a page holding one overwritten.
 //! - [`proxy`]: a TCP proxy that cuts, stalls, refuses and half-opens connections on command.
 //! - [`ledger`]: a device whose commands credit a balance, behind a relay.
 //! - [`mqtt_proxy`]: an MQTT-aware proxy that holds back or drops PUBACKs, chokes on chosen
@@ -21,6 +22,7 @@
 pub mod broker;
 pub mod check;
 pub mod child;
+pub mod damage;
 pub mod device;
 pub mod ledger;
 pub mod mqtt_proxy;
