@@ -46,6 +46,12 @@ fn an_outage_of_a_coalescing_stream_shows_in_the_lag_figures() -> TestResult {
     assert!(up.last_ack_at.is_some());
 
     broker.kill()?;
+    // The stream starts once the relay knows the broker is gone: a reading it read before that
+    // is claimed (it may be on the wire), and a claimed reading is never replaced.
+    assert!(
+        wait_until(|| relay.status().is_ok_and(|s| s.disconnected_since.is_some())),
+        "the relay did not notice the broker's death"
+    );
     let mut value = 0;
     let mut status: Status;
     loop {
