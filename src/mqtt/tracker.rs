@@ -33,7 +33,15 @@ impl Tracker {
         self.submitted.push_back(seq);
     }
 
-    pub(crate) fn on_publish(&mut self, pkid: u16) {
+    /// Takes back `seq`, handed over last and not queued after all (the connection is ending).
+    pub(crate) fn withdraw(&mut self, seq: Seq) {
+        if let Some(at) = self.submitted.iter().rposition(|&s| s == seq) {
+            self.submitted.remove(at);
+        }
+    }
+
+    /// rumqttc wrote packet `pkid` at `now`.
+    pub(crate) fn on_publish(&mut self, pkid: u16, now: Instant) {
         if pkid == 0 {
             return;
         }
@@ -49,7 +57,7 @@ impl Tracker {
             return;
         };
         self.by_pkid.insert(pkid, seq);
-        self.on_wire.insert(seq, Instant::now());
+        self.on_wire.insert(seq, now);
     }
 
     pub(crate) fn on_await_ack(&mut self, pkid: u16) {
@@ -134,7 +142,7 @@ mod tests {
             t.submit(seq);
         }
         for pkid in 1..=3 {
-            t.on_publish(pkid);
+            t.on_publish(pkid, Instant::now());
         }
         assert_eq!(t.in_flight(), 3);
         assert_eq!(t.on_puback(2), Some(11));
@@ -148,11 +156,11 @@ mod tests {
         let mut t = Tracker::default();
         t.submit(1);
         t.submit(2);
-        t.on_publish(1);
+        t.on_publish(1, Instant::now());
         t.on_await_ack(1); // row 2 wants id 1, still held by row 1
         assert_eq!(t.in_flight(), 2);
         assert_eq!(t.on_puback(1), Some(1)); // frees id 1 ...
-        t.on_publish(1); // ... and rumqttc sends row 2 with it
+        t.on_publish(1, Instant::now()); // ... and rumqttc sends row 2 with it
         assert_eq!(t.on_puback(1), Some(2));
         assert_eq!(t.in_flight(), 0);
     }
@@ -162,10 +170,10 @@ mod tests {
         let mut t = Tracker::default();
         t.submit(7);
         t.submit(8);
-        t.on_publish(0); // QoS 0 status message
-        t.on_publish(4);
-        t.on_publish(4); // replay of id 4
-        t.on_publish(5);
+        t.on_publish(0, Instant::now()); // QoS 0 status message
+        t.on_publish(4, Instant::now());
+        t.on_publish(4, Instant::now()); // replay of id 4
+        t.on_publish(5, Instant::now());
         assert_eq!(t.on_puback(9), None);
         assert_eq!(t.on_puback(4), Some(7));
         assert_eq!(t.on_puback(5), Some(8));
@@ -179,7 +187,7 @@ mod tests {
         for seq in [3, 4, 5] {
             t.submit(seq);
         }
-        t.on_publish(1);
+        t.on_publish(1, Instant::now());
         t.on_await_ack(1); // row 4 waits: not on the wire
         assert!(t.is_awaited(1));
         assert_eq!(t.oldest_on_wire().map(|(s, _)| s), Some(3));
@@ -189,7 +197,7 @@ mod tests {
             None,
             "row 4 is parked, row 5 not yet reported"
         );
-        t.on_publish(1);
+        t.on_publish(1, Instant::now());
         assert_eq!(t.oldest_on_wire().map(|(s, _)| s), Some(4));
     }
 
@@ -197,7 +205,7 @@ mod tests {
     fn reset_forgets_everything() {
         let mut t = Tracker::default();
         t.submit(1);
-        t.on_publish(1);
+        t.on_publish(1, Instant::now());
         t.submit(2);
         t.reset();
         assert_eq!(t.in_flight(), 0);

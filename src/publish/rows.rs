@@ -43,6 +43,8 @@ pub(crate) struct Encoding<'a> {
     pub allow_dollar: bool,
     /// Lifetimes by topic filter, for rows written without an expiry of their own.
     pub ttl: &'a [(String, std::time::Duration)],
+    /// Now, in Unix ms: a row whose expiry is at or before it is expired.
+    pub now_ms: i64,
 }
 
 /// How much one read got.
@@ -83,7 +85,7 @@ pub(crate) fn read_after(
         rows: 0,
         last_seq: None,
     };
-    let now = now_ms();
+    let now = cfg.now_ms;
     while let Some(row) = rows.next()? {
         let seq: i64 = row.get(0)?;
         read.rows += 1;

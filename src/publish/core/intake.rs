@@ -1,0 +1,119 @@
+//! Taking in what a read got: claims first, then the rows into their lanes, with the gap notices
+//! placed among lane 0's rows in number order.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::{Action, Awaiting, Core, LANES, ReadResult, Removal};
+use crate::publish::gaps;
+use crate::publish::rows::Ready;
+
+impl Core {
+    /// The answer to [`Action::Read`].
+    pub(crate) fn on_read(&mut self, read: ReadResult) {
+        if !matches!(self.awaiting, Some(Awaiting::Read)) {
+            // Asked for on a connection that has ended since: read again on the next one.
+            return;
+        }
+        if !read.claim.is_empty() && !crate::mutant::active("skip-claim") {
+            self.out.push_back(Action::Claim(read.claim.clone()));
+            self.awaiting = Some(Awaiting::Claim(Box::new(read)));
+            return;
+        }
+        self.awaiting = None;
+        self.take_in(read);
+    }
+
+    /// The answer to [`Action::Claim`]: the coalescing rows a newer value replaced since the
+    /// read are gone (their gap rows are recorded): publishing them would send a replaced value.
+    pub(crate) fn on_claimed(&mut self, gone: &[i64]) {
+        let Some(Awaiting::Claim(mut read)) = self.awaiting.take() else {
+            return;
+        };
+        if !gone.is_empty() {
+            for lane in read.lanes.iter_mut().flatten() {
+                lane.ready.retain(|r| !gone.contains(&r.seq));
+            }
+        }
+        self.take_in(*read);
+    }
+
+    /// A read or its claim failed (busy, I/O): nothing of it is taken, the cursors stay, and the
+    /// next read waits for the driver's next idle moment ([`Core::on_idle`]). What was read ahead
+    /// before stays.
+    pub(crate) fn on_read_failed(&mut self) {
+        self.awaiting = None;
+        self.at_end = true;
+        self.read_failed = true;
+    }
+
+    fn take_in(&mut self, read: ReadResult) {
+        let ReadResult {
+            notices,
+            ranges,
+            gap_rows,
+            last_gap_id,
+            lanes,
+            bad,
+            mut expired,
+            ..
+        } = read;
+        self.gap_cursor = last_gap_id.unwrap_or(self.gap_cursor);
+        self.notices.extend(ranges);
+        self.held.extend(notices.into_iter().map(|n| (n.seq, n)));
+        let mut fresh: [VecDeque<Ready>; LANES] = Default::default();
+        for (lane, got) in lanes.into_iter().enumerate() {
+            match got {
+                Some(got) => {
+                    self.lane_end[lane] = got.visited < self.config.max_in_flight.max(super::READ_BATCH);
+                    self.cursor[lane] = got.last_seq.unwrap_or(self.cursor[lane]);
+                    fresh[lane] = got.ready;
+                }
+                // Rows are still queued in lane 0, so it is not at its end.
+                None => self.lane_end[lane] = false,
+            }
+        }
+        let [lane0_rows, higher @ ..] = &mut fresh;
+        for (i, q) in higher.iter_mut().enumerate() {
+            self.ready.lane(i + 1).append(q);
+        }
+        if crate::mutant::active("reorder") {
+            lane0_rows.make_contiguous().reverse();
+        }
+        // Notices go out in number order among lane 0's rows, so the cloud sees one ordered
+        // stream: before the first row above their range, and once the rows are read past them
+        // (all of them at the end of the outbox). A removal behind the cursor goes out at once.
+        for row in lane0_rows.drain(..) {
+            release_notices(&mut self.held, self.ready.lane(0), row.seq);
+            self.ready.lane(0).push_back(row);
+        }
+        let below = if self.lane_end[0] {
+            i64::MAX
+        } else {
+            self.cursor[0].saturating_add(1)
+        };
+        release_notices(&mut self.held, self.ready.lane(0), below);
+        self.at_end = self.lane_end.iter().all(|&end| end) && gap_rows < super::GAP_READ_BATCH;
+        if !bad.is_empty() {
+            self.out
+                .push_back(Action::DeadLetter(bad, Removal::Unpublishable));
+            // Their gap rows are new: read them.
+            self.at_end = false;
+        }
+        expired.append(&mut self.expired);
+        if !expired.is_empty() {
+            self.out.push_back(Action::Expire(expired));
+            self.at_end = false;
+        }
+    }
+}
+
+/// Moves the held gap notices whose range starts below outbox row `below` to the end of `ready`.
+fn release_notices(held: &mut BTreeMap<i64, Ready>, ready: &mut VecDeque<Ready>, below: i64) {
+    let limit = gaps::TOKEN_BASE.saturating_add(below);
+    while let Some(entry) = held.first_entry() {
+        if *entry.key() >= limit {
+            return;
+        }
+        ready.push_back(entry.remove());
+    }
+}

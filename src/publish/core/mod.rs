@@ -1,0 +1,452 @@
+//! The publishing core: every decision of the publishing side, as a value with no threads,
+//! sockets, clocks or SQLite inside (the sans-IO style of quinn-proto and str0m).
+//!
+//! What it decides: what to read next in each lane, what to claim, how to pack a batch, when the
+//! pace allows the next publish, what expired while it waited, which row a PUBACK acknowledges
+//! and what its reason code means, how to resume after a cut, which row to isolate as poison,
+//! and when a gap notice goes out among the rows.
+//!
+//! Its inputs are the driver's calls: a connection up ([`Core::on_connected`]) or down
+//! ([`Core::on_disconnected`]), rumqttc's packet events, PUBACKs with their reason codes, the
+//! results of reads and claims, a change to the file, and the time, which every call that needs
+//! it takes as an argument. Its outputs are [`Action`]s, taken with [`Core::poll`] until it
+//! returns `None`, and the time it wants to be woken at ([`Core::next_timeout`]).
+//!
+//! The driver (`super::publisher`) owns the SQLite connection, the MQTT client, the marker's
+//! channel and the status, and performs each action; the model test
+//! (`tests` in this module) drives the same core against a simulated broker instead.
+
+mod action;
+mod intake;
+mod verdicts;
+mod window;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::time::Instant;
+
+pub(crate) use action::{Action, LaneRead, Outgoing, ReadRequest, ReadResult, Removal, Report};
+
+use super::lanes::{LANES, Lanes};
+use super::pacing::Pacer;
+use super::rows::Ready;
+use crate::mqtt::backoff::Backoff;
+use crate::mqtt::event::Granted;
+use crate::mqtt::tracker::{Seq, Tracker};
+use crate::mqtt::{Aliases, Protocol};
+use crate::relay_config::RelayConfig;
+
+/// Acknowledged rows go to the marker at least this often under load.
+const ACK_BATCH: usize = 512;
+/// Rows read from the outbox at a time, at least.
+const READ_BATCH: usize = 256;
+/// Gap rows read at a time: more than rows, because consecutive ones merge into one notice (a
+/// long outage of coalescing sensors leaves long runs).
+const GAP_READ_BATCH: usize = 4096;
+/// Bytes of MQTT 5 publish properties at most: their length, and a topic alias.
+const V5_PROPERTIES: usize = 4;
+
+/// The current connection, as far as publishing goes.
+struct Live {
+    /// When the last PUBACK of this connection arrived.
+    last_ack: Option<Instant>,
+    /// Most rows in flight now: 1 while probing, else `full_window`.
+    window: usize,
+    /// Ours, lowered to the broker's receive maximum.
+    full_window: usize,
+    /// Largest packet: ours, lowered to the broker's maximum packet size.
+    max_packet: usize,
+    limit_owner: &'static str,
+    aliases: Aliases,
+    /// A reconnect was requested (ack timeout, quota): do not ask twice.
+    renewing: bool,
+}
+
+/// One MQTT publish, ready to hand over: a row, or a batch of rows (`members`, packed into `row`).
+struct Publish {
+    row: Ready,
+    members: Option<Vec<Ready>>,
+    /// The lane it was taken from.
+    lane: usize,
+}
+
+impl Publish {
+    /// Whether a row of it has expired by `now` (Unix ms).
+    fn has_expired(&self, now: i64) -> bool {
+        let expired = |r: &Ready| r.expires_at.is_some_and(|t| t <= now);
+        match &self.members {
+            Some(rows) => rows.iter().any(expired),
+            None => expired(&self.row),
+        }
+    }
+
+    /// Unpacks it: the rows it was taken as, in order.
+    fn into_rows(self) -> Vec<Ready> {
+        self.members.unwrap_or_else(|| vec![self.row])
+    }
+}
+
+/// A row that was the oldest unacknowledged one when connections died.
+struct Suspect {
+    seq: Seq,
+    strikes: u32,
+}
+
+/// A read or a claim asked for and not answered yet: nothing else is decided meanwhile.
+enum Awaiting {
+    Read,
+    /// The read's rows, waiting for their claim.
+    Claim(Box<ReadResult>),
+}
+
+/// The publishing side's state and decisions (see the module docs).
+pub(crate) struct Core {
+    config: RelayConfig,
+    live: Option<Live>,
+    tracker: Tracker,
+    /// Encoded rows read ahead of the window, by lane, each in sequence order.
+    ready: Lanes,
+    /// Highest sequence number read so far on this connection, by lane.
+    cursor: [i64; LANES],
+    /// Each lane's last read reached its end (lane 0 is not read while rows wait in it).
+    lane_end: [bool; LANES],
+    /// The file changed: read the higher lanes before publishing more of lane 0's read-ahead, so
+    /// an alarm does not wait behind it.
+    check_lanes: bool,
+    /// Paced replay (`RelayConfig::pace_messages`): the bucket, and when it has tokens again.
+    pacer: Pacer,
+    paced_until: Option<Instant>,
+    /// A publish made (a row taken, a batch packed) and held back by the pace: it goes next.
+    held_back: Option<Publish>,
+    /// Highest `outbox_gaps.gap_id` read so far on this connection.
+    gap_cursor: i64,
+    /// Gap notices handed out on this connection: token to `seq` range.
+    notices: HashMap<i64, (i64, i64)>,
+    /// Gap notices read but held until the rows before their range are queued, by token.
+    held: BTreeMap<i64, Ready>,
+    /// Rows whose expiry passed while they waited here: removed at the next read.
+    expired: Vec<i64>,
+    /// Highest sequence number handed over, on any connection.
+    highest_submitted: i64,
+    /// Rows handed over on an earlier connection and not acknowledged there: handing one over
+    /// again is a resend (a possible duplicate downstream). Only those: a row that waited in a
+    /// lower lane behind a higher-numbered one was never sent.
+    unacked_at_cut: HashSet<Seq>,
+    /// The last read found no more rows; read again only when something may have changed.
+    at_end: bool,
+    /// The last read failed: read again at the next idle tick, not in a tight loop.
+    read_failed: bool,
+    /// Batches in flight: their first row's number (the tracker's) to every row's.
+    batches: HashMap<Seq, Vec<Seq>>,
+    /// A partial batch waits for more rows: its first row, and until when.
+    linger: Option<(Seq, Instant)>,
+    /// Acknowledged rows not yet handed to the marker.
+    acked: Vec<i64>,
+    /// The row with strikes against it, if any.
+    suspect: Option<Suspect>,
+    /// A connection died with rows on the wire: publish one at a time until a row up to this one
+    /// is acknowledged, so the row the broker chokes on is the only one on the wire when it does.
+    probe_until: Option<Seq>,
+    /// Quota exceeded: publish nothing new until then, then renew the connection; and why.
+    paused_until: Option<(Instant, String)>,
+    quota_backoff: Backoff,
+    /// A quota pause is reported: clear it at the next accepted PUBACK.
+    quota_error: bool,
+    /// Topic aliases misbehaved on this broker: never use them again in this run.
+    aliases_off: bool,
+    /// Stopping: publish nothing new, only take the answers to what is in flight.
+    stopping: bool,
+    awaiting: Option<Awaiting>,
+    out: VecDeque<Action>,
+}
+
+impl Core {
+    pub(crate) fn new(config: RelayConfig) -> Self {
+        Core {
+            pacer: Pacer::new(config.pace),
+            quota_backoff: Backoff::new(config.backoff_min, config.backoff_max),
+            config,
+            live: None,
+            tracker: Tracker::default(),
+            ready: Lanes::default(),
+            cursor: [0; LANES],
+            lane_end: [false; LANES],
+            check_lanes: false,
+            paced_until: None,
+            held_back: None,
+            gap_cursor: 0,
+            notices: HashMap::new(),
+            held: BTreeMap::new(),
+            expired: Vec::new(),
+            highest_submitted: 0,
+            unacked_at_cut: HashSet::new(),
+            at_end: false,
+            read_failed: false,
+            batches: HashMap::new(),
+            linger: None,
+            acked: Vec::new(),
+            suspect: None,
+            probe_until: None,
+            paused_until: None,
+            quota_error: false,
+            aliases_off: false,
+            stopping: false,
+            awaiting: None,
+            out: VecDeque::new(),
+        }
+    }
+
+    /// The next action, deciding more (reading, packing, publishing) once the queued ones are
+    /// taken. `now_ms` is the wall clock in Unix ms, for expiry.
+    pub(crate) fn poll(&mut self, now: Instant, now_ms: i64) -> Option<Action> {
+        if self.out.is_empty()
+            && self.awaiting.is_none()
+            && self.live.is_some()
+            && !self.stopping
+            && self.paused_until.is_none()
+        {
+            self.fill_window(now, now_ms);
+        }
+        self.out.pop_front()
+    }
+
+    /// Acknowledged rows for the marker: once enough have gathered, or whenever `flush` (the
+    /// driver has no more events waiting).
+    pub(crate) fn acks_due(&mut self, flush: bool) -> Option<Vec<i64>> {
+        if self.acked.is_empty() || !(flush || self.acked.len() >= ACK_BATCH) {
+            return None;
+        }
+        Some(std::mem::take(&mut self.acked))
+    }
+
+    /// A new connection, with what its CONNACK granted. A clean session: nothing queued for the
+    /// old connection survives, so publishing resumes from the oldest row not yet acknowledged,
+    /// once every acknowledged row is marked.
+    pub(crate) fn on_connected(&mut self, granted: &Granted) {
+        self.out
+            .push_back(Action::MarkAll(std::mem::take(&mut self.acked)));
+        self.forget_in_flight();
+        self.ready.clear();
+        self.cursor = if crate::mutant::active("skip-resume") {
+            [self.highest_submitted; LANES]
+        } else {
+            [0; LANES]
+        };
+        self.lane_end = [false; LANES];
+        self.held_back = None;
+        self.gap_cursor = 0;
+        self.notices.clear();
+        self.held.clear();
+        self.at_end = false;
+        self.awaiting = None;
+        let cfg = &self.config;
+        let full_window = granted.receive_max.map_or(cfg.max_in_flight, |m| {
+            cfg.max_in_flight.min(usize::from(m).max(1))
+        });
+        let ours = cfg.mqtt.packet_limit();
+        let (max_packet, limit_owner) = match granted.max_packet_size {
+            Some(theirs) if (theirs as usize) < ours => (theirs as usize, "the broker's maximum packet size"),
+            _ => (ours, "MqttConfig::max_packet_size"),
+        };
+        let aliases = match (cfg.mqtt.version(), granted.topic_alias_max) {
+            (Protocol::V5, Some(max)) if max > 0 && cfg.mqtt.uses_topic_aliases() && !self.aliases_off => {
+                Aliases::up_to(max)
+            }
+            _ => Aliases::none(),
+        };
+        let window = if self.probe_until.is_some() {
+            tracing::info!(
+                "publishing one message at a time until past those in flight when the last connection ended"
+            );
+            1
+        } else {
+            full_window
+        };
+        if full_window < cfg.max_in_flight || max_packet < ours {
+            tracing::info!(
+                window = full_window,
+                max_packet,
+                "the broker's limits apply (receive maximum, maximum packet size)"
+            );
+        }
+        self.live = Some(Live {
+            last_ack: None,
+            window,
+            full_window,
+            max_packet,
+            limit_owner,
+            aliases,
+            renewing: false,
+        });
+    }
+
+    /// rumqttc wrote packet `pkid` (the next row handed over, or a parked one) at `now`.
+    pub(crate) fn on_published(&mut self, pkid: u16, now: Instant) {
+        self.tracker.on_publish(pkid, now);
+    }
+
+    /// rumqttc parked the next row handed over: its packet id `pkid` is still in use.
+    pub(crate) fn on_await_ack(&mut self, pkid: u16) {
+        self.tracker.on_await_ack(pkid);
+    }
+
+    /// The file changed (a commit, a dead letter, an expiry): read again.
+    pub(crate) fn on_change(&mut self) {
+        self.at_end = false;
+        self.check_lanes = true;
+    }
+
+    /// The driver is idle: after a failed read, read again now.
+    pub(crate) fn on_idle(&mut self) {
+        if std::mem::take(&mut self.read_failed) {
+            self.at_end = false;
+        }
+    }
+
+    /// Publish nothing new from now on; what is in flight may still be acknowledged.
+    pub(crate) fn stop(&mut self) {
+        self.stopping = true;
+    }
+
+    /// The driver could not hand a publish over: the connection is ending. It and every publish
+    /// queued after it stay in the outbox for the next connection.
+    pub(crate) fn on_hand_over_failed(&mut self, seq: i64) {
+        let mut withdrawn = vec![seq];
+        self.out.retain(|a| match a {
+            Action::Publish(p) => {
+                withdrawn.push(p.seq);
+                false
+            }
+            _ => true,
+        });
+        for seq in withdrawn {
+            self.tracker.withdraw(seq);
+            self.batches.remove(&seq);
+        }
+        self.ready.clear();
+        self.live = None;
+        self.awaiting = None;
+    }
+
+    /// Timers: the ack timeout of the oldest row on the wire, and the end of a quota pause.
+    pub(crate) fn on_tick(&mut self, now: Instant) {
+        if let Some((seq, written)) = self.tracker.oldest_on_wire()
+            && self.live.as_ref().is_some_and(|l| !l.renewing)
+            && now.duration_since(written) >= self.config.ack_timeout
+        {
+            let cause = crate::mqtt::event::Cause::new(
+                crate::mqtt::event::CauseKind::Requested,
+                format!(
+                    "no PUBACK within {:?} for the oldest message in flight (seq {seq})",
+                    self.config.ack_timeout
+                ),
+            );
+            self.renew(cause);
+        }
+        if self.paused_until.as_ref().is_some_and(|(t, _)| now >= *t)
+            && let Some((_, why)) = self.paused_until.take()
+        {
+            self.renew(crate::mqtt::event::Cause::new(
+                crate::mqtt::event::CauseKind::Retry,
+                format!("{why}; publishing it again"),
+            ));
+        }
+    }
+
+    /// When the core wants [`Core::on_tick`] or [`Core::poll`] called next, if at all: the
+    /// oldest row's ack timeout (while a renewal can still be asked for), the end of a quota
+    /// pause or of a pace, a lingering batch's deadline.
+    pub(crate) fn next_timeout(&self) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut at = |t: Instant| next = Some(next.map_or(t, |n| n.min(t)));
+        let renewable = self.live.as_ref().is_some_and(|l| !l.renewing);
+        if let Some((_, written)) = self.tracker.oldest_on_wire()
+            && renewable
+        {
+            at(written + self.config.ack_timeout);
+        }
+        if let Some((until, _)) = &self.paused_until {
+            at(*until);
+        }
+        if let Some(until) = self.paced_until {
+            at(until);
+        }
+        // A lingering batch, while its first row is still next and it could be published (a
+        // stale deadline would wake the driver at once, again and again).
+        if let Some((seq, until)) = self.linger
+            && self.ready.front().is_some_and(|r| r.seq == seq)
+            && !self.stopping
+            && self.paused_until.is_none()
+            && self
+                .live
+                .as_ref()
+                .is_some_and(|l| self.tracker.in_flight() < l.window)
+        {
+            at(until);
+        }
+        next
+    }
+
+    /// Rows handed over and not yet acknowledged.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.tracker.in_flight()
+    }
+
+    /// Whether a connection is up, as far as publishing knows.
+    pub(crate) fn is_connected(&self) -> bool {
+        self.live.is_some()
+    }
+
+    /// Whether publishing waits out a quota pause.
+    pub(crate) fn is_paused(&self) -> bool {
+        self.paused_until.is_some()
+    }
+
+    /// Bytes of MQTT properties a publish may carry on this connection.
+    fn properties(&self) -> usize {
+        match self.config.mqtt.version() {
+            Protocol::V5 => V5_PROPERTIES,
+            Protocol::V311 => 0,
+        }
+    }
+
+    /// Asks for a new connection (at most once per connection).
+    fn renew(&mut self, cause: crate::mqtt::event::Cause) {
+        if let Some(live) = &mut self.live
+            && !live.renewing
+        {
+            live.renewing = true;
+            self.out.push_back(Action::Renew(cause));
+        }
+    }
+
+    fn report(&mut self, report: Report) {
+        self.out.push_back(Action::Report(report));
+    }
+
+    /// The connection is gone: nothing in flight on it will be acknowledged. What was in flight
+    /// is remembered, so that handing it over again counts as a resend.
+    fn forget_in_flight(&mut self) {
+        let in_flight: Vec<Seq> = self.tracker.unacknowledged().collect();
+        for seq in in_flight {
+            match self.batches.get(&seq) {
+                Some(members) => self.unacked_at_cut.extend(members),
+                None if super::gaps::is_notice(seq) => {}
+                None => {
+                    self.unacked_at_cut.insert(seq);
+                }
+            }
+        }
+        self.tracker.reset();
+        self.batches.clear();
+    }
+
+    /// The newest row handed over and not yet acknowledged, the rows of batches included.
+    fn newest_in_flight(&self) -> Option<Seq> {
+        let batched = self
+            .batches
+            .values()
+            .filter_map(|rows| rows.last().copied())
+            .max();
+        self.tracker.newest_in_flight().max(batched)
+    }
+}

@@ -1,0 +1,223 @@
+//! What the broker's answers mean for the rows: a PUBACK's reason code, and a connection that
+//! ends with rows on the wire (a strike against the oldest, poison isolation, a narrowed window).
+
+use std::time::{Duration, Instant};
+
+use super::{Action, Core, Removal, Report, Suspect};
+use crate::mqtt::event::{Cause, CauseKind, PubAck, Verdict};
+use crate::publish::batch;
+use crate::publish::gaps;
+use crate::publish::rows::Unpublishable;
+
+/// A connection that ends this soon after the only message on the wire was written counts against
+/// that message (a broker rejecting a packet closes at once; a flaky link drops at any time).
+const CHOKE_WINDOW: Duration = Duration::from_secs(2);
+
+impl Core {
+    /// A PUBACK, at `now`.
+    pub(crate) fn on_puback(&mut self, ack: PubAck, now: Instant) {
+        // rumqttc skips its collision check on a refusal, so a row parked on this packet id
+        // would wait until the collision times out: renew the connection instead.
+        let awaited = self.tracker.is_awaited(ack.pkid);
+        if let Some(live) = &mut self.live {
+            live.last_ack = Some(now);
+        }
+        let Some((seq, written)) = self.tracker.on_puback_at(ack.pkid) else {
+            return;
+        };
+        // A batch is answered as a whole: every row in it shares the verdict.
+        let members = batch::members(&mut self.batches, seq);
+        let newest = members.last().copied().unwrap_or(seq);
+        if self.suspect.as_ref().is_some_and(|x| x.seq == seq) {
+            self.suspect = None;
+        }
+        if self.probe_until.is_some_and(|until| newest >= until) {
+            self.probe_until = None;
+            if let Some(live) = &mut self.live {
+                live.window = live.full_window;
+            }
+        }
+        let in_flight = self.tracker.in_flight();
+        let held_id = || Cause::new(CauseKind::Retry, "a refused message held a packet id");
+        match ack.verdict {
+            Verdict::Accepted if gaps::is_notice(seq) => {
+                self.report(Report::Answered { in_flight });
+                self.quota_backoff.reset();
+                self.announced(seq, None);
+            }
+            Verdict::Accepted => {
+                let latency = written.map(|t| now.saturating_duration_since(t));
+                for &row in &members {
+                    self.acked.push(row);
+                    self.report(Report::Acked { in_flight, latency });
+                }
+                self.quota_backoff.reset();
+                if std::mem::take(&mut self.quota_error) {
+                    self.report(Report::QuotaCleared);
+                }
+            }
+            Verdict::Refused(reason) if gaps::is_notice(seq) => {
+                self.report(Report::Answered { in_flight });
+                self.announced(
+                    seq,
+                    Some(format!("the broker refused it: PUBACK reason {reason}")),
+                );
+                if awaited {
+                    self.renew(held_id());
+                }
+            }
+            Verdict::Refused(reason) => {
+                tracing::warn!(seq, rows = members.len(), %reason, "the broker refused a message: moving it to the dead letters");
+                let refused = members
+                    .iter()
+                    .map(|&seq| Unpublishable {
+                        seq,
+                        reason: format!("the broker refused it: PUBACK reason {reason}"),
+                    })
+                    .collect();
+                self.out.push_back(Action::DeadLetter(refused, Removal::Refused));
+                self.report(Report::Answered { in_flight });
+                if awaited {
+                    self.renew(held_id());
+                }
+            }
+            Verdict::Later(reason) => {
+                self.report(Report::Answered { in_flight });
+                let wait = self.quota_backoff.next_delay();
+                tracing::warn!(seq, %reason, ?wait, "the broker cannot take more now: publishing again after a wait");
+                let why = format!("the broker refused a message for now: PUBACK reason {reason}");
+                self.report(Report::Quota(why.clone()));
+                self.quota_error = true;
+                self.paused_until = Some((now + wait, why));
+                if awaited {
+                    self.renew(held_id());
+                }
+            }
+        }
+    }
+
+    /// The connection ended, at `now`, for `cause`.
+    pub(crate) fn on_disconnected(&mut self, cause: &Cause, now: Instant) {
+        if cause.text.contains("0x94") || cause.text.contains("0x82") {
+            if !self.aliases_off {
+                tracing::warn!(%cause, "not using topic aliases with this broker any more");
+            }
+            self.aliases_off = true;
+        }
+        self.strike(cause, now);
+        self.live = None;
+        self.awaiting = None;
+        self.forget_in_flight();
+        self.ready.clear();
+        // Retried on the next connection, whatever the wait was for.
+        self.paused_until = None;
+        self.out
+            .push_back(Action::MarkAll(std::mem::take(&mut self.acked)));
+    }
+
+    /// A gap notice is done with: acknowledged, or (with `failed`) given up on, which loses the
+    /// announcement (the cloud then sees those numbers as an unexplained gap) and is logged.
+    fn announced(&mut self, token: i64, failed: Option<String>) {
+        let Some(range) = self.notices.remove(&token) else {
+            return;
+        };
+        match failed {
+            None => self.report(Report::GapAnnounced(range.1 - range.0 + 1)),
+            Some(why) => {
+                tracing::error!(first = range.0, last = range.1, %why, "a gap notice could not be published: the cloud will see these messages as an unexplained gap");
+                self.report(Report::NoticeLost(why));
+            }
+        }
+        self.out.push_back(Action::Announced(vec![range]));
+    }
+
+    /// Counts the connection's end against its oldest unacknowledged row on the wire when that
+    /// row is to blame, narrows the window for the next connection, and sets a row aside once it
+    /// has had enough.
+    fn strike(&mut self, cause: &Cause, now: Instant) {
+        let threshold = self.config.poison_disconnects;
+        let Some((seq, written)) = self.tracker.oldest_on_wire() else {
+            return;
+        };
+        if matches!(
+            cause.kind,
+            CauseKind::Connect | CauseKind::Broker | CauseKind::Retry
+        ) {
+            // Not the messages' doing: no strike, and no need to narrow the window.
+            return;
+        }
+        if threshold == 0 {
+            return;
+        }
+        let acked_since = self
+            .live
+            .as_ref()
+            .and_then(|l| l.last_ack)
+            .is_some_and(|at| at > written);
+        let strikes = match cause.kind {
+            CauseKind::NamesPacket => threshold,
+            // The broker acknowledged later messages and not this one: this one's doing. Once
+            // that is established, later timeouts count too, even with nothing left to compare
+            // with (the rest has drained).
+            CauseKind::Requested if acked_since || self.suspect.as_ref().is_some_and(|x| x.seq == seq) => 1,
+            // No PUBACK at all since it was written, and no earlier evidence: a broker (or link)
+            // that acknowledges nothing says nothing about this message. Renewing is all.
+            CauseKind::Requested => {
+                tracing::debug!(seq, %cause, "no acknowledgement at all since it was written: no strike");
+                return;
+            }
+            // The connection ended with only this message on the wire, and soon after it was
+            // written, as a broker that rejects a packet by closing does. A link that drops at
+            // some other moment is no evidence against it.
+            CauseKind::Lost
+                if self.tracker.on_wire() == 1 && now.saturating_duration_since(written) < CHOKE_WINDOW =>
+            {
+                1
+            }
+            CauseKind::Lost if self.tracker.on_wire() == 1 => return,
+            // A whole window was on the wire: no telling which one. The next connection
+            // publishes one at a time, which will.
+            _ => {
+                self.probe_until = self.newest_in_flight().max(self.probe_until);
+                tracing::debug!(on_wire = self.tracker.on_wire(), %cause, "connection lost with a window in flight: narrowing it");
+                return;
+            }
+        };
+        if let Some(rows) = self.batches.get(&seq) {
+            // Evidence against a batch is none against any one row in it: publish its rows one
+            // at a time on the next connection, where a bad one is found alone.
+            self.probe_until = rows.last().copied().max(self.probe_until);
+            tracing::debug!(%cause, strikes, "the connection ended over a batch: publishing its rows one at a time");
+            return;
+        }
+        let suspect = match &mut self.suspect {
+            Some(x) if x.seq == seq => {
+                x.strikes += strikes;
+                x
+            }
+            other => other.insert(Suspect { seq, strikes }),
+        };
+        if suspect.strikes < threshold {
+            tracing::info!(seq, strikes = suspect.strikes, threshold, %cause, "the oldest unacknowledged message was on the wire when the connection ended");
+            return;
+        }
+        let reason = if cause.kind == CauseKind::NamesPacket {
+            format!("poison: the broker closed the connection over it: {cause}")
+        } else {
+            format!(
+                "poison: it was the oldest unacknowledged message when {} connections in a row ended; last: {cause}",
+                suspect.strikes
+            )
+        };
+        self.suspect = None;
+        if gaps::is_notice(seq) {
+            self.announced(seq, Some(reason));
+            return;
+        }
+        tracing::warn!(seq, %reason, "isolating a message the broker keeps choking on");
+        self.out.push_back(Action::DeadLetter(
+            vec![Unpublishable { seq, reason }],
+            Removal::Poison,
+        ));
+    }
+}

@@ -1,0 +1,70 @@
+//! Performs the core's reads (see [`super::core::ReadRequest`]) against the outbox: the gap rows
+//! and each lane asked for, encoded for the connection. Shared by the publisher thread and the
+//! core's model test, so that both read the real store the same way.
+
+use rusqlite::Connection;
+
+use super::core::{LaneRead, ReadRequest, ReadResult};
+use super::gaps;
+use super::rows::{self, Encoding, Sinks};
+use crate::error::Result;
+use crate::store::epoch::Epochs;
+
+/// What encoding a row needs besides the request: the same for every read of a run.
+pub(crate) struct Context<'a> {
+    pub source: &'a str,
+    pub epochs: &'a Epochs,
+    pub allow_dollar: bool,
+    pub ttl: &'a [(String, std::time::Duration)],
+}
+
+/// Reads what `req` asks for. Nothing is written.
+pub(crate) fn read(conn: &Connection, ctx: &Context<'_>, req: &ReadRequest) -> Result<ReadResult> {
+    let enc = Encoding {
+        source: ctx.source,
+        epochs: ctx.epochs,
+        max_packet: req.max_packet,
+        limit_owner: req.limit_owner,
+        properties: req.properties,
+        allow_dollar: ctx.allow_dollar,
+        ttl: ctx.ttl,
+        now_ms: req.now_ms,
+    };
+    let mut out = ReadResult::default();
+    let gap_read = gaps::read_after(
+        conn,
+        &enc,
+        req.gap_cursor,
+        req.gap_limit,
+        &mut out.notices,
+        &mut out.ranges,
+    )?;
+    out.gap_rows = gap_read.rows;
+    out.last_gap_id = gap_read.last_gap_id;
+    // The higher lanes first, as the core serves them.
+    for (lane, wanted) in req.lanes.iter().enumerate().rev() {
+        if !wanted {
+            continue;
+        }
+        let mut got = LaneRead::default();
+        let sinks = Sinks {
+            ready: &mut got.ready,
+            bad: &mut out.bad,
+            expired: &mut out.expired,
+            claim: &mut out.claim,
+        };
+        #[allow(clippy::cast_possible_truncation, reason = "LANES fits a u8")]
+        let read = rows::read_after(conn, &enc, lane as u8, req.cursors[lane], req.limit, sinks)?;
+        got.visited = read.rows;
+        got.last_seq = read.last_seq;
+        out.lanes[lane] = Some(got);
+    }
+    Ok(out)
+}
+
+impl ReadResult {
+    /// The highest outbox row read, in any lane.
+    pub(crate) fn last_seq(&self) -> Option<i64> {
+        self.lanes.iter().flatten().filter_map(|l| l.last_seq).max()
+    }
+}
