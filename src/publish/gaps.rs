@@ -42,6 +42,18 @@ pub(crate) fn is_notice(seq: i64) -> bool {
 pub(crate) struct GapRead {
     pub rows: usize,
     pub last_gap_id: Option<i64>,
+    /// Gap rows not announced because they name a settling number: (gap id, first, last).
+    pub set_aside: Vec<(i64, i64, i64)>,
+}
+
+/// Which gap rows to read: those recorded after `cursor` (at most `limit`), and the ones named in
+/// `again` (set aside by an earlier read).
+pub(crate) struct GapQuery<'a> {
+    pub cursor: i64,
+    pub limit: usize,
+    pub again: &'a [i64],
+    /// Whether a range names a number that may be delivered and is not settled yet.
+    pub settling: &'a dyn Fn(i64, i64) -> bool,
 }
 
 struct GapRow {
@@ -53,41 +65,69 @@ struct GapRow {
     removed_at: i64,
 }
 
-/// Reads up to `limit` gap rows recorded after `cursor`, and queues their notices on `ready`
-/// (before any row read after them); `ranges` gets each notice's token and outbox `seq` range.
+/// Reads the gap rows `q` names, and queues their notices on `ready` (before any row read after
+/// them); `ranges` gets each notice's token and outbox `seq` range.
+///
+/// A gap row that names a number that may be delivered and is not settled (on the wire, or
+/// acknowledged and not yet marked: a row removed while it was being published) is set aside, not
+/// announced: announcing it would tell the cloud that a message it may hold was removed. Once the
+/// number is acknowledged its gap row is deleted with the mark; if it is not, the row is read
+/// again by its id.
 pub(crate) fn read_after(
     conn: &Connection,
     cfg: &Encoding<'_>,
-    cursor: i64,
-    limit: usize,
+    q: &GapQuery<'_>,
     ready: &mut VecDeque<Ready>,
     ranges: &mut HashMap<i64, (i64, i64)>,
 ) -> Result<GapRead> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT gap_id, seq, coalesce(last_seq, seq), topic, cause, why, removed_at FROM outbox_gaps
-         WHERE gap_id > ?1 ORDER BY gap_id LIMIT ?2",
-    )?;
+    const COLUMNS: &str = "gap_id, seq, coalesce(last_seq, seq), topic, cause, why, removed_at";
     let mut read = GapRead {
         rows: 0,
         last_gap_id: None,
+        set_aside: Vec::new(),
     };
     let mut found = Vec::new();
-    let mut rows = stmt.query(rusqlite::params![
-        cursor,
-        i64::try_from(limit).unwrap_or(i64::MAX)
-    ])?;
-    while let Some(row) = rows.next()? {
-        read.rows += 1;
-        read.last_gap_id = Some(row.get(0)?);
+    let mut take = |row: &rusqlite::Row<'_>, read: &mut GapRead, counted: bool| -> Result<()> {
+        let gap_id: i64 = row.get(0)?;
         let seq: i64 = row.get(1)?;
+        let last = row.get::<_, i64>(2)?.max(seq);
+        if counted {
+            read.rows += 1;
+            read.last_gap_id = Some(gap_id);
+        }
+        if (q.settling)(seq, last) && !crate::mutant::active("announce-unsettled") {
+            read.set_aside.push((gap_id, seq, last));
+            return Ok(());
+        }
         found.push(GapRow {
             seq,
-            last: row.get::<_, i64>(2)?.max(seq),
+            last,
             topic: row.get(3)?,
             cause: row.get(4)?,
             why: row.get(5)?,
             removed_at: row.get(6)?,
         });
+        Ok(())
+    };
+    if !q.again.is_empty() {
+        let mut stmt =
+            conn.prepare_cached(&format!("SELECT {COLUMNS} FROM outbox_gaps WHERE gap_id = ?1"))?;
+        for &id in q.again {
+            let mut rows = stmt.query([id])?;
+            if let Some(row) = rows.next()? {
+                take(row, &mut read, false)?;
+            }
+        }
+    }
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM outbox_gaps WHERE gap_id > ?1 ORDER BY gap_id LIMIT ?2"
+    ))?;
+    let mut rows = stmt.query(rusqlite::params![
+        q.cursor,
+        i64::try_from(q.limit).unwrap_or(i64::MAX)
+    ])?;
+    while let Some(row) = rows.next()? {
+        take(row, &mut read, true)?;
     }
     found.sort_by_key(|g| g.seq);
     let mut i = 0;

@@ -31,16 +31,16 @@ pub(crate) fn read(conn: &Connection, ctx: &Context<'_>, req: &ReadRequest) -> R
         now_ms: req.now_ms,
     };
     let mut out = ReadResult::default();
-    let gap_read = gaps::read_after(
-        conn,
-        &enc,
-        req.gap_cursor,
-        req.gap_limit,
-        &mut out.notices,
-        &mut out.ranges,
-    )?;
+    let query = gaps::GapQuery {
+        cursor: req.gap_cursor,
+        limit: req.gap_limit,
+        again: &req.gaps_again,
+        settling: &|first, last| req.is_settling(first, last),
+    };
+    let gap_read = gaps::read_after(conn, &enc, &query, &mut out.notices, &mut out.ranges)?;
     out.gap_rows = gap_read.rows;
     out.last_gap_id = gap_read.last_gap_id;
+    out.gaps_set_aside = gap_read.set_aside;
     // The higher lanes first, as the core serves them.
     for (lane, wanted) in req.lanes.iter().enumerate().rev() {
         if !wanted {

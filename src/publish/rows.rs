@@ -249,13 +249,21 @@ pub(crate) fn mark_acked(conn: &mut Connection, options: &Options, seqs: &mut Ve
             })
             .transpose()?;
         let mut delete = tx.prepare_cached("DELETE FROM outbox WHERE seq BETWEEN ?1 AND ?2")?;
+        let mut forget_gaps =
+            tx.prepare_cached("DELETE FROM outbox_gaps WHERE seq BETWEEN ?1 AND ?2 AND last_seq IS NULL")?;
         let mut done = 0;
         let mut mid_hit = false;
         for (first, last) in runs {
             if let Some(keep) = keep.as_mut() {
                 keep.execute(params![first, last, now])?;
             }
-            delete.execute([first, last])?;
+            let deleted = delete.execute([first, last])?;
+            if i64::try_from(deleted).unwrap_or(i64::MAX) < last - first + 1 {
+                // Rows removed (evicted, expired, purged) while they were being published: they
+                // were delivered after all, so their gap rows (set aside, never announced: see
+                // `super::gaps::read_after`) go.
+                forget_gaps.execute([first, last])?;
+            }
             // Crash tests abort here, inside the transaction, once about half the rows are marked.
             done += usize::try_from(last - first + 1).unwrap_or(usize::MAX);
             if !mid_hit && done > half {

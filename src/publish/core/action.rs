@@ -75,6 +75,19 @@ pub(crate) struct ReadRequest {
     pub properties: usize,
     /// Now, in Unix ms: rows whose expiry has passed are not read but reported expired.
     pub now_ms: i64,
+    /// Numbers that may be delivered and are not settled yet (on the wire, or acknowledged and
+    /// not yet marked), as sorted disjoint ranges: a gap row naming one is set aside.
+    pub settling: Vec<(i64, i64)>,
+    /// Gap rows set aside earlier whose numbers settled without an acknowledgement: read again.
+    pub gaps_again: Vec<i64>,
+}
+
+impl ReadRequest {
+    /// Whether `first..=last` overlaps a settling number.
+    pub(crate) fn is_settling(&self, first: i64, last: i64) -> bool {
+        let at = self.settling.partition_point(|&(_, end)| end < first);
+        self.settling.get(at).is_some_and(|&(start, _)| start <= last)
+    }
 }
 
 /// What one read got.
@@ -83,9 +96,11 @@ pub(crate) struct ReadResult {
     /// Gap notices, in number order, with each one's token and `seq` range.
     pub notices: VecDeque<Ready>,
     pub ranges: HashMap<i64, (i64, i64)>,
-    /// Gap rows read, and the last one's id.
+    /// Gap rows read, the last one's id, and those set aside (see [`ReadRequest::settling`]):
+    /// (gap id, first, last).
     pub gap_rows: usize,
     pub last_gap_id: Option<i64>,
+    pub gaps_set_aside: Vec<(i64, i64, i64)>,
     /// By lane (for those read): the rows ready to publish, how many rows were visited, and the
     /// last one's number.
     pub lanes: [Option<LaneRead>; LANES],

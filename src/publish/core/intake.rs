@@ -52,12 +52,23 @@ impl Core {
             ranges,
             gap_rows,
             last_gap_id,
+            gaps_set_aside,
             lanes,
             bad,
             mut expired,
             ..
         } = read;
         self.gap_cursor = last_gap_id.unwrap_or(self.gap_cursor);
+        self.set_aside.extend(
+            gaps_set_aside
+                .into_iter()
+                .map(|(id, first, last)| (id, (first, last))),
+        );
+        // Rows read ahead that a notice now says were removed (evicted, purged, expired) are
+        // not published: the cloud is told they were removed.
+        if !ranges.is_empty() {
+            self.drop_removed(&ranges);
+        }
         self.notices.extend(ranges);
         self.held.extend(notices.into_iter().map(|n| (n.seq, n)));
         let mut fresh: [VecDeque<Ready>; LANES] = Default::default();
@@ -103,6 +114,28 @@ impl Core {
         if !expired.is_empty() {
             self.out.push_back(Action::Expire(expired));
             self.at_end = false;
+        }
+    }
+}
+
+impl Core {
+    /// Takes rows out of the read-ahead (and a publish held back by the pace) that `ranges`
+    /// announce as removed.
+    fn drop_removed(&mut self, ranges: &std::collections::HashMap<i64, (i64, i64)>) {
+        if crate::mutant::active("publish-removed") {
+            return;
+        }
+        let removed = |seq: i64| ranges.values().any(|&(first, last)| first <= seq && seq <= last);
+        if let Some(held) = self.held_back.take() {
+            let lane = self.ready.lane(held.lane);
+            for row in held.into_rows().into_iter().rev() {
+                lane.push_front(row);
+            }
+        }
+        for lane in 0..LANES {
+            self.ready
+                .lane(lane)
+                .retain(|r| gaps::is_notice(r.seq) || !removed(r.seq));
         }
     }
 }

@@ -18,6 +18,9 @@
 
 mod action;
 mod intake;
+#[cfg(test)]
+mod model;
+mod ranges;
 mod verdicts;
 mod window;
 
@@ -141,6 +144,12 @@ pub(crate) struct Core {
     linger: Option<(Seq, Instant)>,
     /// Acknowledged rows not yet handed to the marker.
     acked: Vec<i64>,
+    /// Rows acknowledged since the marker last confirmed every mark (at a connection's start or
+    /// end): with those on the wire, the numbers a gap notice must not announce yet.
+    marking: ranges::Ranges,
+    /// Gap rows set aside because they name such a number, by gap id: read again once it
+    /// settles without an acknowledgement (an acknowledged one's is deleted with the mark).
+    set_aside: BTreeMap<i64, (i64, i64)>,
     /// The row with strikes against it, if any.
     suspect: Option<Suspect>,
     /// A connection died with rows on the wire: publish one at a time until a row up to this one
@@ -184,6 +193,8 @@ impl Core {
             batches: HashMap::new(),
             linger: None,
             acked: Vec::new(),
+            marking: ranges::Ranges::default(),
+            set_aside: BTreeMap::new(),
             suspect: None,
             probe_until: None,
             paused_until: None,
@@ -222,8 +233,7 @@ impl Core {
     /// old connection survives, so publishing resumes from the oldest row not yet acknowledged,
     /// once every acknowledged row is marked.
     pub(crate) fn on_connected(&mut self, granted: &Granted) {
-        self.out
-            .push_back(Action::MarkAll(std::mem::take(&mut self.acked)));
+        self.mark_all();
         self.forget_in_flight();
         self.ready.clear();
         self.cursor = if crate::mutant::active("skip-resume") {
@@ -234,6 +244,7 @@ impl Core {
         self.lane_end = [false; LANES];
         self.held_back = None;
         self.gap_cursor = 0;
+        self.set_aside.clear();
         self.notices.clear();
         self.held.clear();
         self.at_end = false;
@@ -417,6 +428,53 @@ impl Core {
             live.renewing = true;
             self.out.push_back(Action::Renew(cause));
         }
+    }
+
+    /// Hands every acknowledged row to the marker, to be waited for: after it, no number is
+    /// acknowledged and unmarked.
+    fn mark_all(&mut self) {
+        self.out
+            .push_back(Action::MarkAll(std::mem::take(&mut self.acked)));
+        self.marking.clear();
+    }
+
+    /// Numbers that may be delivered and are not settled: on the wire on this connection, or
+    /// acknowledged and perhaps not marked yet.
+    fn settling(&self) -> Vec<(i64, i64)> {
+        let on_wire = self
+            .tracker
+            .unacknowledged()
+            .filter(|&seq| !super::gaps::is_notice(seq))
+            .flat_map(|seq| match self.batches.get(&seq) {
+                Some(rows) => rows.clone(),
+                None => vec![seq],
+            });
+        ranges::merged(on_wire.chain(self.acked.iter().copied()), &self.marking)
+    }
+
+    /// A number settled (acknowledged, refused, cut): a gap row set aside may be read again.
+    fn settled(&mut self) {
+        if !self.set_aside.is_empty() {
+            self.on_change();
+        }
+    }
+
+    /// The gap rows set aside whose numbers are no longer settling, taken for a read.
+    fn gaps_again(&mut self, settling: &[(i64, i64)]) -> Vec<i64> {
+        let overlaps = |first: i64, last: i64| {
+            let at = settling.partition_point(|&(_, end)| end < first);
+            settling.get(at).is_some_and(|&(start, _)| start <= last)
+        };
+        let again: Vec<i64> = self
+            .set_aside
+            .iter()
+            .filter(|(_, range)| !overlaps(range.0, range.1))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in &again {
+            self.set_aside.remove(id);
+        }
+        again
     }
 
     fn report(&mut self, report: Report) {

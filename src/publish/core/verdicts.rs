@@ -37,6 +37,7 @@ impl Core {
                 live.window = live.full_window;
             }
         }
+        self.settled();
         let in_flight = self.tracker.in_flight();
         let held_id = || Cause::new(CauseKind::Retry, "a refused message held a packet id");
         match ack.verdict {
@@ -49,6 +50,7 @@ impl Core {
                 let latency = written.map(|t| now.saturating_duration_since(t));
                 for &row in &members {
                     self.acked.push(row);
+                    self.marking.insert(row);
                     self.report(Report::Acked { in_flight, latency });
                 }
                 self.quota_backoff.reset();
@@ -111,8 +113,8 @@ impl Core {
         self.ready.clear();
         // Retried on the next connection, whatever the wait was for.
         self.paused_until = None;
-        self.out
-            .push_back(Action::MarkAll(std::mem::take(&mut self.acked)));
+        self.mark_all();
+        self.settled();
     }
 
     /// A gap notice is done with: acknowledged, or (with `failed`) given up on, which loses the

@@ -151,6 +151,8 @@ impl Core {
     /// Asks to read ahead: the higher lanes, and lane 0 when its queue is used up or `extend`
     /// asks for it (a batch that runs to the end of what was read).
     fn read_more(&mut self, now_ms: i64, extend: Option<usize>) {
+        let settling = self.settling();
+        let gaps_again = self.gaps_again(&settling);
         let Some(live) = &self.live else { return };
         let mut lanes = [true; super::LANES];
         lanes[0] = self.ready.lane(0).is_empty() || extend == Some(0);
@@ -166,6 +168,8 @@ impl Core {
             limit_owner: live.limit_owner,
             properties: self.properties(),
             now_ms,
+            settling,
+            gaps_again,
         };
         self.awaiting = Some(Awaiting::Read);
         self.out.push_back(Action::Read(request));
