@@ -66,6 +66,32 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     ("skip-published-check", "tests/epochs_restored_in_place.rs"),
     // Eviction at a storage limit and the store's expiry remove rows the relay has claimed.
     ("remove-claimed", "tests/claimed_rows_kept.rs"),
+    // The lanes are served lowest first: an alarm waits behind the telemetry backlog.
+    ("lanes-lowest-first", "tests/priority.rs"),
+    // The pace is ignored: a backlog goes out at the link's full rate.
+    ("pace-ignored", "tests/pacing.rs"),
+];
+
+/// Mutants of the publishing core that its model (`src/publish/core/model`, run by
+/// `cargo test --lib publish::core::model`) must catch: with each, a random sequence or one of
+/// its regression sequences fails, and `the_model_catches_every_model_mutant` checks that it
+/// does.
+pub const MODEL_MUTANTS: &[&str] = &[
+    "mark-before-puback",
+    "skip-resume",
+    "reorder",
+    "skip-claim",
+    "skip-expiry-held-back",
+    "remove-claimed",
+    // A gap row naming a number on the wire (a row purged, evicted or expired while it was being
+    // published) is announced at once: the cloud gets the message and a notice that it was
+    // removed.
+    "announce-unsettled",
+    // Rows read ahead (or held back by the pace) are published although a notice read since says
+    // they were removed.
+    "publish-removed",
+    // A batch's PUBACK marks its first row only: the others are published again and again.
+    "batch-first-only",
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);

@@ -73,3 +73,14 @@ fn a_pace_of_zero_is_refused() -> TestResult {
     assert!(matches!(err, edge_outbox::Error::InvalidConfig(_)), "{err}");
     Ok(())
 }
+
+/// The scenario above fails against the mutant that breaks it.
+#[test]
+#[cfg(feature = "mutants")]
+fn the_scenario_catches_its_mutant() -> TestResult {
+    support::mutant::caught_by(
+        "pace-ignored",
+        "a_message_pace_holds_a_backlog_to_its_rate",
+        "150 messages at 100/s took",
+    )
+}

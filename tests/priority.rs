@@ -197,3 +197,14 @@ fn batched_telemetry_waits_for_the_alarms() -> TestResult {
     assert_eq!(telemetry, (0..1_000).collect::<Vec<u64>>());
     Ok(())
 }
+
+/// The scenario above fails against the mutant that breaks it.
+#[test]
+#[cfg(feature = "mutants")]
+fn the_scenario_catches_its_mutant() -> TestResult {
+    support::mutant::caught_by(
+        "lanes-lowest-first",
+        "a_backlog_drains_highest_priority_first_each_lane_in_order",
+        "alarms first",
+    )
+}

@@ -31,6 +31,9 @@ impl Lanes {
 
     /// The highest non-empty lane, served next: its number and its queue.
     pub(crate) fn front_lane(&mut self) -> Option<(usize, &mut VecDeque<Ready>)> {
+        if crate::mutant::active("lanes-lowest-first") {
+            return self.queues.iter_mut().enumerate().find(|(_, q)| !q.is_empty());
+        }
         self.queues
             .iter_mut()
             .enumerate()

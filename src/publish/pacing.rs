@@ -61,7 +61,7 @@ impl Pacer {
 
     /// Takes the tokens for one message of `size` bytes, or says when they will be there.
     pub(crate) fn take(&mut self, size: usize, now: Instant) -> Result<(), Instant> {
-        if self.rates.is_off() {
+        if self.rates.is_off() || crate::mutant::active("pace-ignored") {
             return Ok(());
         }
         self.refill(now, size);

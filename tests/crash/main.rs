@@ -111,6 +111,7 @@ fn main() {
         });
     }
     run("proxy_chaos", &mut scenarios::proxy_chaos);
+    run("cuts_in_lanes_batched", &mut scenarios::cuts_in_lanes_batched);
     run("random_kills", &mut |rng| scenarios::random_kills(kills, rng));
     run("random_kills_in_lanes", &mut |rng| {
         scenarios::random_kills_in_lanes(kills / 2, rng)
@@ -142,9 +143,10 @@ fn main() {
 }
 
 /// The scenarios by family, as `CRASH_MUTANT_MATRIX` runs them one at a time.
-const SCENARIO_GROUPS: [&str; 6] = [
+const SCENARIO_GROUPS: [&str; 7] = [
     "failpoint",
     "proxy_chaos",
+    "cuts_in_lanes",
     "random_kills",
     "foreign_writers",
     "broker_kills",

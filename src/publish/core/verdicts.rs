@@ -48,7 +48,12 @@ impl Core {
             }
             Verdict::Accepted => {
                 let latency = written.map(|t| now.saturating_duration_since(t));
-                for &row in &members {
+                let marked = if crate::mutant::active("batch-first-only") {
+                    &members[..1]
+                } else {
+                    &members[..]
+                };
+                for &row in marked {
                     self.acked.push(row);
                     self.marking.insert(row);
                     self.report(Report::Acked { in_flight, latency });

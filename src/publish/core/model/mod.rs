@@ -21,7 +21,7 @@ use crate::mqtt::event::{Cause, CauseKind};
 use crate::{Batching, Limits, Message, MqttConfig, OnFull, Options, RelayConfig};
 
 /// Sequences run by `cargo test`.
-const DEFAULT_CASES: u32 = 48;
+const DEFAULT_CASES: u32 = 256;
 /// Steps in one sequence, at most.
 const MAX_STEPS: usize = 80;
 
@@ -285,5 +285,35 @@ fn every_number_is_accounted_for_under_random_sequences() {
     });
     if let Err(e) = result {
         panic!("the model found a sequence that breaks an invariant: {e}");
+    }
+}
+
+/// Each of [`crate::mutant::MODEL_MUTANTS`] makes the model fail: this test binary runs its
+/// model tests again with the mutant switched on, and they must fail on an invariant.
+#[cfg(feature = "mutants")]
+#[test]
+fn the_model_catches_every_model_mutant() {
+    if std::env::var_os("EDGE_OUTBOX_MUTANT").is_some_and(|m| !m.is_empty()) {
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test binary");
+    for mutant in crate::mutant::MODEL_MUTANTS {
+        let out = std::process::Command::new(&exe)
+            .args(["publish::core::model::", "--test-threads=2"])
+            .env("EDGE_OUTBOX_MUTANT", mutant)
+            .env("EDGE_OUTBOX_MODEL_CASES", "400")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("the test binary runs");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            !out.status.success()
+                && (text.contains("the model found a sequence") || text.contains("a regression sequence fails")),
+            "mutant {mutant} survived the model:\n{text}"
+        );
     }
 }

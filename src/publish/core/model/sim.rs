@@ -107,9 +107,13 @@ pub(super) struct World {
     pub core: Core,
     pub epochs: Epochs,
     pub broker: Broker,
-    /// The simulated monotonic clock, and the wall clock's lead over the real one (jumps).
+    /// The simulated monotonic clock, and the simulated wall clock: the real one when the world
+    /// was made, moved by every step of time and every jump.
     pub now: Instant,
+    wall_base: i64,
     pub wall_shift: i64,
+    /// The wall clock the core was last polled with: what it decided by.
+    polled_at: i64,
     /// Publishes handed over, with the wall clock then: what the expiry check reads.
     pub handed: Vec<(Vec<u8>, i64)>,
     /// The core asked for a new connection.
@@ -132,21 +136,24 @@ impl World {
             epochs,
             broker: Broker::default(),
             now: Instant::now(),
+            wall_base: crate::time::now_ms(),
             wall_shift: 0,
+            polled_at: 0,
             handed: Vec::new(),
             renew: None,
         }
     }
 
     pub fn now_ms(&self) -> i64 {
-        crate::time::now_ms().saturating_add(self.wall_shift)
+        self.wall_base.saturating_add(self.wall_shift)
     }
 
     /// Performs the core's actions until it has none, as the publisher thread does; rumqttc's
     /// write of each publish follows its hand-over at once.
     pub fn drive(&mut self) {
         let mut guard = 0;
-        while let Some(action) = self.core.poll(self.now, self.now_ms()) {
+        self.polled_at = self.now_ms();
+        while let Some(action) = self.core.poll(self.now, self.polled_at) {
             guard += 1;
             assert!(guard < 100_000, "the core keeps asking for work without progress");
             self.perform(action);
@@ -167,7 +174,7 @@ impl World {
                     self.core.on_hand_over_failed(p.seq);
                     return;
                 }
-                self.handed.push((p.envelope.clone(), self.now_ms()));
+                self.handed.push((p.envelope.clone(), self.polled_at));
                 let pkid = self.broker.send(p.envelope);
                 self.core.on_published(pkid, self.now);
             }
