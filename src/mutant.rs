@@ -2,8 +2,9 @@
 //! never in production). `EDGE_OUTBOX_MUTANT=<name>` switches one on; each breaks one guarantee.
 //! With each of [`MUTANTS`], `cargo test --all-features --test crash` must fail (its own last
 //! scenario runs the harness against each and fails if one survives); each of
-//! [`SCENARIO_MUTANTS`] is caught by the test file it names, which runs itself against it. See
-//! docs/reliability.md.
+//! [`SCENARIO_MUTANTS`] is caught by the test file it names, which runs itself against it; each
+//! of [`MODEL_MUTANTS`] by the publishing core's model. See docs/reliability.md and
+//! docs/model.md.
 //!
 //! Without the feature, [`active`] is a constant `false` and every mutant compiles away.
 

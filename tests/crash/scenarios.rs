@@ -286,10 +286,15 @@ pub fn cuts_in_lanes_batched(rng: &mut Rng) -> Verdict {
     }
     let resent = device.seen().resent;
     lab.proxy = Some(proxy);
-    let mut v = lab.finish_in_place(device, "proxy cuts, lanes, coalescing, expiry, pace, batching", CUTS);
+    let mut v = lab.finish_in_place(
+        device,
+        "proxy cuts, lanes, coalescing, expiry, pace, batching",
+        CUTS,
+    );
     v.experienced = Some(experienced);
     if v.announced == 0 {
-        v.notes.push("no order was coalesced or expired: the scenario tested nothing of them".into());
+        v.notes
+            .push("no order was coalesced or expired: the scenario tested nothing of them".into());
     }
     if resent == 0 {
         v.notes.push("no row was ever resent after a cut".into());

@@ -312,7 +312,8 @@ fn the_model_catches_every_model_mutant() {
         );
         assert!(
             !out.status.success()
-                && (text.contains("the model found a sequence") || text.contains("a regression sequence fails")),
+                && (text.contains("the model found a sequence")
+                    || text.contains("a regression sequence fails")),
             "mutant {mutant} survived the model:\n{text}"
         );
     }
