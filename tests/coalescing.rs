@@ -14,11 +14,12 @@ mod common;
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use common::{TestResult, query_i64, temp_db};
 use edge_outbox::consumer::Consumer;
 use edge_outbox::envelope::Published;
-use edge_outbox::{Message, Outbox, Relay};
+use edge_outbox::{Batching, Message, Options, Outbox, Relay, Synchronous};
 use support::device::relay_config;
 use support::{Broker, Proxy, Subscriber, WAIT, wait_until};
 
@@ -226,6 +227,61 @@ fn a_reading_the_relay_has_taken_is_not_replaced() -> TestResult {
     assert_eq!(values, vec![1, 2]);
     assert!(by_cause.is_empty(), "{by_cause:?}");
     assert_eq!(unexplained, 0);
+    Ok(())
+}
+
+/// A reading the relay has read but not yet handed over (here: waiting in a batch that lingers)
+/// is still replaced by a newer one: only the newer value goes out, and the older one is
+/// announced as coalesced. A relay that claims rows when it reads them keeps both.
+#[test]
+fn a_reading_waiting_in_a_batch_is_still_replaced() -> TestResult {
+    let broker = Broker::start()?;
+    let sub = Subscriber::start(broker.addr(), "coalb/#")?;
+    let (_dir, db) = temp_db()?;
+    // NORMAL: the relay syncs the WAL once for each read of new rows, which shows when it has
+    // read one.
+    let outbox = Outbox::open_with(&db, Options::new().synchronous(Synchronous::Normal))?;
+    let config = relay_config(broker.addr(), "coal-batch")
+        .batch("coalb/#", Batching::new().linger(Duration::from_secs(3)));
+    let relay = Relay::start(&outbox, config)?;
+    assert!(
+        wait_until(|| relay.status().is_ok_and(|s| s.connected)),
+        "the relay did not connect"
+    );
+    let syncs = relay.status()?.wal_syncs;
+    outbox.transaction(|tx| tx.send(&reading_on("coalb", "t1", 1)))?;
+    assert!(
+        wait_until(|| relay.status().is_ok_and(|s| s.wal_syncs > syncs)),
+        "the relay did not read the first reading"
+    );
+    // Read, lingering in its batch: the newer value replaces it.
+    outbox.transaction(|tx| tx.send(&reading_on("coalb", "t1", 2)))?;
+    assert!(settled(&outbox), "the relay did not settle");
+    let has_latest = |payload: &[u8]| {
+        Published::decode_all(payload).is_ok_and(|items| {
+            items.iter().any(
+                |i| matches!(i, Published::Message(env) if env.payload_as::<u64>().is_ok_and(|v| v == 2)),
+            )
+        })
+    };
+    assert!(
+        sub.wait_messages(WAIT, |m| m.iter().any(|m| has_latest(&m.payload))),
+        "the latest reading did not arrive"
+    );
+    let mut values = Vec::new();
+    let mut consumer = Consumer::new().from_start(true);
+    for m in sub.messages() {
+        for (item, _) in consumer.observe_all(&m.payload)? {
+            if let Published::Message(env) = item {
+                values.push(env.payload_as::<u64>()?);
+            }
+        }
+    }
+    assert_eq!(values, vec![2], "the replaced reading went out too");
+    assert_eq!(outbox.stats()?.coalesced, 1);
+    let report = consumer.report();
+    assert_eq!(report.totals.announced, 1, "{report}");
+    assert_eq!(report.totals.unexplained, 0, "{report}");
     Ok(())
 }
 

@@ -106,6 +106,9 @@ pub struct Status {
     /// work: per published message it stays flat however long the backlog, so a figure that grows
     /// with the backlog is a query that lost its index.
     pub database_steps: u64,
+    /// The relay's own syncs of the WAL file, its durability barrier: one per read that found
+    /// rows whose commit may not be on stable storage yet (SQLite's own syncs are not counted).
+    pub wal_syncs: u64,
     /// The store's counters.
     pub store: Stats,
 }
@@ -533,6 +536,7 @@ impl StatusCell {
             disconnected_since: from_unix_ms(self.disconnected_since_ms.load(Relaxed)),
             last_ack_at: from_unix_ms(self.last_ack_ms.load(Relaxed)),
             database_steps: self.database_steps.load(Relaxed),
+            wal_syncs: self.wal_syncs(),
             store,
         }
     }

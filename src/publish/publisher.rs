@@ -376,7 +376,14 @@ impl Publisher {
         }
         if now >= d.next_prune && d.stopping.is_none() {
             let done = match crate::store::maintain_for(&self.conn, &self.options, PRUNE_SLICE) {
-                Ok(m) => m.done,
+                Ok(m) => {
+                    // Its own writes (rows expired, with their gap rows) change no data version
+                    // it can see, and the file watch may be off: read again for the notices.
+                    if m.deleted > 0 {
+                        d.core.on_change();
+                    }
+                    m.done
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "pruning failed");
                     true

@@ -278,8 +278,12 @@ pub fn cuts_in_lanes_batched(rng: &mut Rng) -> Verdict {
             device.seen()
         );
         std::thread::sleep(Duration::from_millis(50 + rng.below(300)));
+        // PUBACKs held back first, so the cut falls with a window (a batch among it) in flight.
+        proxy.stall();
+        std::thread::sleep(Duration::from_millis(50 + rng.below(150)));
         let before = device.seen().disconnects;
         proxy.cut();
+        proxy.resume();
         if device.wait_seen(WAIT, |s| s.disconnects > before) {
             experienced += 1;
         }

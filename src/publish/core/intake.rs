@@ -14,34 +14,46 @@ impl Core {
             // Asked for on a connection that has ended since: read again on the next one.
             return;
         }
-        if !read.claim.is_empty() && !crate::mutant::active("skip-claim") {
-            self.out.push_back(Action::Claim(read.claim.clone()));
-            self.awaiting = Some(Awaiting::Claim(Box::new(read)));
-            return;
-        }
         self.awaiting = None;
+        self.unclaimed.extend(read.claim.iter().copied());
         self.take_in(read);
     }
 
-    /// The answer to [`Action::Claim`]: the coalescing rows a newer value replaced since the
-    /// read are gone (their gap rows are recorded): publishing them would send a replaced value.
+    /// The answer to [`Action::Claim`]: the coalescing rows a newer value replaced since they
+    /// were read are gone (their gap rows are recorded): publishing them would send a replaced
+    /// value. The rest goes out; with rows gone, what is left is packed again.
     pub(crate) fn on_claimed(&mut self, gone: &[i64]) {
-        let Some(Awaiting::Claim(mut read)) = self.awaiting.take() else {
+        let Some(Awaiting::HandOver(publish, now_ms)) = self.awaiting.take() else {
             return;
         };
-        if !gone.is_empty() {
-            for lane in read.lanes.iter_mut().flatten() {
-                lane.ready.retain(|r| !gone.contains(&r.seq));
+        for seq in publish.seqs() {
+            self.unclaimed.remove(&seq);
+        }
+        if gone.is_empty() {
+            self.hand_over(*publish, now_ms);
+            return;
+        }
+        let lane = publish.lane;
+        let queue = self.ready.lane(lane);
+        for row in publish.into_rows().into_iter().rev() {
+            if !gone.contains(&row.seq) {
+                queue.push_front(row);
             }
         }
-        self.take_in(*read);
+        // Their notices (coalesced) follow in number order.
+        self.on_change();
     }
 
-    /// A read or its claim failed (busy, I/O): nothing of it is taken, the cursors stay, and the
-    /// next read waits for the driver's next idle moment ([`Core::on_idle`]). What was read ahead
-    /// before stays.
+    /// A read or a claim failed (busy, I/O): nothing of a read is taken, the cursors stay, and
+    /// the next read waits for the driver's next idle moment ([`Core::on_idle`]). A publish whose
+    /// claim failed goes back to the head of its lane.
     pub(crate) fn on_read_failed(&mut self) {
-        self.awaiting = None;
+        if let Some(Awaiting::HandOver(publish, _)) = self.awaiting.take() {
+            let queue = self.ready.lane(publish.lane);
+            for row in publish.into_rows().into_iter().rev() {
+                queue.push_front(row);
+            }
+        }
         self.at_end = true;
         self.read_failed = true;
     }

@@ -97,8 +97,17 @@ struct Suspect {
 /// A read or a claim asked for and not answered yet: nothing else is decided meanwhile.
 enum Awaiting {
     Read,
-    /// The read's rows, waiting for their claim.
-    Claim(Box<ReadResult>),
+    /// A publish whose coalescing rows are being claimed, and the wall clock it was taken at.
+    HandOver(Box<Publish>, i64),
+}
+
+impl Publish {
+    /// Every row it stands for.
+    fn seqs(&self) -> impl Iterator<Item = i64> + '_ {
+        let members = self.members.iter().flatten().map(|r| r.seq);
+        let alone = self.members.is_none().then_some(self.row.seq);
+        members.chain(alone)
+    }
 }
 
 /// The publishing side's state and decisions (see the module docs).
@@ -128,6 +137,9 @@ pub(crate) struct Core {
     held: BTreeMap<i64, Ready>,
     /// Rows whose expiry passed while they waited here: removed at the next read.
     expired: Vec<i64>,
+    /// Coalescing rows read and not claimed yet: claimed when they are handed over, so that
+    /// until then a newer value still replaces them (a batch lingering, the pace).
+    unclaimed: HashSet<i64>,
     /// Highest sequence number handed over, on any connection.
     highest_submitted: i64,
     /// Rows handed over on an earlier connection and not acknowledged there: handing one over
@@ -186,6 +198,7 @@ impl Core {
             notices: HashMap::new(),
             held: BTreeMap::new(),
             expired: Vec::new(),
+            unclaimed: HashSet::new(),
             highest_submitted: 0,
             unacked_at_cut: HashSet::new(),
             at_end: false,
@@ -235,7 +248,7 @@ impl Core {
     pub(crate) fn on_connected(&mut self, granted: &Granted) {
         self.mark_all();
         self.forget_in_flight();
-        self.ready.clear();
+        self.clear_ready();
         self.cursor = if crate::mutant::active("skip-resume") {
             [self.highest_submitted; LANES]
         } else {
@@ -333,7 +346,7 @@ impl Core {
             self.tracker.withdraw(seq);
             self.batches.remove(&seq);
         }
-        self.ready.clear();
+        self.clear_ready();
         self.live = None;
         self.awaiting = None;
     }
@@ -475,6 +488,12 @@ impl Core {
             self.set_aside.remove(id);
         }
         again
+    }
+
+    /// Forgets what was read ahead: it is read again on the next connection.
+    fn clear_ready(&mut self) {
+        self.ready.clear();
+        self.unclaimed.clear();
     }
 
     fn report(&mut self, report: Report) {

@@ -115,7 +115,7 @@ impl Core {
         self.live = None;
         self.awaiting = None;
         self.forget_in_flight();
-        self.ready.clear();
+        self.clear_ready();
         // Retried on the next connection, whatever the wait was for.
         self.paused_until = None;
         self.mark_all();

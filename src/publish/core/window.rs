@@ -65,6 +65,14 @@ impl Core {
                 self.paced_until = Some(until);
                 return;
             }
+            // Claimed only now, as it goes: until here a newer value replaces a coalescing row
+            // (its notice then takes it out of the read-ahead).
+            let claim: Vec<i64> = publish.seqs().filter(|s| self.unclaimed.contains(s)).collect();
+            if !claim.is_empty() && !crate::mutant::active("skip-claim") {
+                self.awaiting = Some(Awaiting::HandOver(Box::new(publish), now_ms));
+                self.out.push_back(Action::Claim(claim));
+                return;
+            }
             self.hand_over(publish, now_ms);
         }
     }
@@ -111,7 +119,7 @@ impl Core {
     }
 
     /// Queues a publish for the driver and counts it in flight.
-    fn hand_over(&mut self, publish: Publish, now_ms: i64) {
+    pub(super) fn hand_over(&mut self, publish: Publish, now_ms: i64) {
         let Publish { row, members, .. } = publish;
         let Some(live) = &mut self.live else { return };
         let alias = live.aliases.for_topic(&row.topic);
