@@ -14,6 +14,7 @@
 //! again needlessly.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -41,11 +42,21 @@ const RETRY: Duration = Duration::from_millis(200);
 /// The publisher's handle on the marker thread.
 pub(crate) struct Marks {
     tx: Sender<Mark>,
+    /// Batches of acknowledged rows the marker has committed, counted from the start.
+    marked: Arc<AtomicU64>,
 }
 
 impl Marks {
-    pub(crate) fn new(tx: Sender<Mark>) -> Self {
-        Marks { tx }
+    /// A handle on the marker reading `rx` of `tx`; `marked` is the marker's
+    /// [`Marker::marked`].
+    pub(crate) fn new(tx: Sender<Mark>, marked: Arc<AtomicU64>) -> Self {
+        Marks { tx, marked }
+    }
+
+    /// How many non-empty batches handed over (by [`Marks::send`] and [`Marks::sync`]) are
+    /// marked: the rest may still be unmarked.
+    pub(crate) fn marked(&self) -> u64 {
+        self.marked.load(Ordering::Acquire)
     }
 
     /// Hands `acked` over (and leaves it empty). False if the marker thread is gone.
@@ -85,6 +96,8 @@ pub(crate) struct Marker {
     /// How far the cloud has the numbers (beside the file): a backup restored in place is told
     /// by its counter being behind it.
     pub watermark: Watermark,
+    /// Batches of acknowledged rows committed so far (see [`Marks::marked`]).
+    pub marked: Arc<AtomicU64>,
 }
 
 impl Marker {
@@ -92,6 +105,7 @@ impl Marker {
     /// until the publisher is gone and everything it sent is marked (or failed twice).
     pub(crate) fn run(mut self) -> Result<()> {
         let mut pending: Vec<i64> = Vec::new();
+        let mut batches = 0u64;
         let mut announced: Vec<(i64, i64)> = Vec::new();
         let mut replies: Vec<Sender<()>> = Vec::new();
         let mut open = true;
@@ -117,7 +131,10 @@ impl Marker {
             let mut next = first;
             loop {
                 match next.take() {
-                    Some(Mark::Acked(batch)) => pending.extend(batch),
+                    Some(Mark::Acked(batch)) => {
+                        pending.extend(batch);
+                        batches += 1;
+                    }
                     Some(Mark::Announced(ranges)) => announced.extend(ranges),
                     Some(Mark::Sync(reply)) => replies.push(reply),
                     None => {}
@@ -136,6 +153,8 @@ impl Marker {
                 match rows::mark_acked(&mut self.conn, &self.options, &mut pending) {
                     Ok(()) => {
                         pending.clear();
+                        self.marked
+                            .fetch_add(std::mem::take(&mut batches), Ordering::Release);
                         if let Some(high) = high {
                             self.watermark.raise(high);
                         }

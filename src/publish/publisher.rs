@@ -103,6 +103,7 @@ impl Publisher {
         let mut burst = 0;
         loop {
             crate::failpoint::hit("relay-loop");
+            d.core.on_marked(self.marks.marked());
             self.drive(&mut d);
             if let Some(mut acked) = d.core.acks_due(self.events.is_empty()) {
                 self.hand_over_acks(&mut acked);
@@ -211,7 +212,7 @@ impl Publisher {
                 Err(e) => self.read_failed(d, &e),
             },
             Action::Claim(seqs) => match rows::claim(&mut self.conn, &seqs) {
-                Ok(gone) => d.core.on_claimed(&gone),
+                Ok(gone) => d.core.on_claimed(&seqs, &gone),
                 Err(e) => self.read_failed(d, &e),
             },
             Action::MarkAll(mut acked) => self.marks.sync(&mut acked),

@@ -209,7 +209,9 @@ impl Relay {
             })?;
         }
         let (marks_tx, marks_rx) = crossbeam_channel::unbounded();
+        let marked = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let marker = Marker {
+            marked: marked.clone(),
             conn: marker_conn,
             options: outbox.options().clone(),
             status: status.clone(),
@@ -219,7 +221,7 @@ impl Relay {
         relay.spawn_thread("edge-outbox-marker", move || marker.run())?;
         let publisher = Publisher {
             conn: relay_conn,
-            marks: Marks::new(marks_tx),
+            marks: Marks::new(marks_tx, marked),
             barrier: Barrier::new(outbox.path()),
             durable_seq: outbox.durable_seq(),
             options: outbox.options().clone(),

@@ -211,7 +211,10 @@ impl Message {
     /// the same topic and key that the relay has not yet taken for publishing, so ten thousand
     /// readings of one sensor during an outage go out as one. Each replaced message is counted
     /// ([`Stats::coalesced`](crate::Stats)) and announced to the cloud in a gap notice (cause
-    /// `coalesced`). A message the relay may already have published is never replaced.
+    /// `coalesced`). A message the relay may already have published is never replaced: the relay
+    /// claims it as it hands it to the MQTT client. Until then (read ahead, waiting in a batch or
+    /// behind the pace, or left so by a stop or a crash) it is still replaced; once claimed it
+    /// stays until the broker acknowledges it, through any outage.
     ///
     /// ```
     /// let reading = edge_outbox::Message::new("sensors/t1", "t1", &21.5)?.coalescing(true);

@@ -19,19 +19,23 @@ impl Core {
         self.take_in(read);
     }
 
-    /// The answer to [`Action::Claim`]: the coalescing rows a newer value replaced since they
-    /// were read are gone (their gap rows are recorded): publishing them would send a replaced
+    /// The answer to [`Action::Claim`] of `claimed`: the coalescing rows a newer value replaced
+    /// since they were read are gone (their gap rows are recorded): publishing them would send a replaced
     /// value. The rest goes out; with rows gone, what is left is packed again.
-    pub(crate) fn on_claimed(&mut self, gone: &[i64]) {
+    pub(crate) fn on_claimed(&mut self, claimed: &[i64], gone: &[i64]) {
         let Some(Awaiting::HandOver(publish, now_ms)) = self.awaiting.take() else {
             return;
         };
-        for seq in publish.seqs() {
-            self.unclaimed.remove(&seq);
+        for seq in claimed {
+            self.unclaimed.remove(seq);
         }
         if gone.is_empty() {
             self.hand_over(*publish, now_ms);
             return;
+        }
+        // Rows claimed ahead that were replaced meanwhile are not published either.
+        for lane in 0..LANES {
+            self.ready.lane(lane).retain(|r| !gone.contains(&r.seq));
         }
         let lane = publish.lane;
         let queue = self.ready.lane(lane);
@@ -137,7 +141,12 @@ impl Core {
         if crate::mutant::active("publish-removed") {
             return;
         }
-        let removed = |seq: i64| ranges.values().any(|&(first, last)| first <= seq && seq <= last);
+        let mut sorted: Vec<(i64, i64)> = ranges.values().copied().collect();
+        sorted.sort_unstable();
+        let removed = |seq: i64| {
+            let at = sorted.partition_point(|&(first, _)| first <= seq);
+            at > 0 && sorted[at - 1].1 >= seq
+        };
         if let Some(held) = self.held_back.take() {
             let lane = self.ready.lane(held.lane);
             for row in held.into_rows().into_iter().rev() {

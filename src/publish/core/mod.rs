@@ -156,9 +156,12 @@ pub(crate) struct Core {
     linger: Option<(Seq, Instant)>,
     /// Acknowledged rows not yet handed to the marker.
     acked: Vec<i64>,
-    /// Rows acknowledged since the marker last confirmed every mark (at a connection's start or
-    /// end): with those on the wire, the numbers a gap notice must not announce yet.
-    marking: ranges::Ranges,
+    /// Batches of acknowledged rows handed to the marker and not yet confirmed marked, by number
+    /// (counted like the marker counts them): with the rows on the wire and `acked`, the numbers
+    /// a gap notice must not announce yet.
+    marking: VecDeque<(u64, Vec<i64>)>,
+    /// Non-empty batches handed to the marker so far.
+    handed: u64,
     /// Gap rows set aside because they name such a number, by gap id: read again once it
     /// settles without an acknowledgement (an acknowledged one's is deleted with the mark).
     set_aside: BTreeMap<i64, (i64, i64)>,
@@ -206,7 +209,8 @@ impl Core {
             batches: HashMap::new(),
             linger: None,
             acked: Vec::new(),
-            marking: ranges::Ranges::default(),
+            marking: VecDeque::new(),
+            handed: 0,
             set_aside: BTreeMap::new(),
             suspect: None,
             probe_until: None,
@@ -239,7 +243,17 @@ impl Core {
         if self.acked.is_empty() || !(flush || self.acked.len() >= ACK_BATCH) {
             return None;
         }
-        Some(std::mem::take(&mut self.acked))
+        let acked = std::mem::take(&mut self.acked);
+        self.handed += 1;
+        self.marking.push_back((self.handed, acked.clone()));
+        Some(acked)
+    }
+
+    /// The marker has committed the first `marked` non-empty batches handed to it.
+    pub(crate) fn on_marked(&mut self, marked: u64) {
+        while self.marking.front().is_some_and(|(n, _)| *n <= marked) {
+            self.marking.pop_front();
+        }
     }
 
     /// A new connection, with what its CONNACK granted. A clean session: nothing queued for the
@@ -446,8 +460,11 @@ impl Core {
     /// Hands every acknowledged row to the marker, to be waited for: after it, no number is
     /// acknowledged and unmarked.
     fn mark_all(&mut self) {
-        self.out
-            .push_back(Action::MarkAll(std::mem::take(&mut self.acked)));
+        let acked = std::mem::take(&mut self.acked);
+        if !acked.is_empty() {
+            self.handed += 1;
+        }
+        self.out.push_back(Action::MarkAll(acked));
         self.marking.clear();
     }
 
@@ -462,7 +479,8 @@ impl Core {
                 Some(rows) => rows.clone(),
                 None => vec![seq],
             });
-        ranges::merged(on_wire.chain(self.acked.iter().copied()), &self.marking)
+        let marking = self.marking.iter().flat_map(|(_, rows)| rows.iter().copied());
+        ranges::merged(on_wire.chain(self.acked.iter().copied()).chain(marking))
     }
 
     /// A number settled (acknowledged, refused, cut): a gap row set aside may be read again.

@@ -55,7 +55,6 @@ impl Core {
                 };
                 for &row in marked {
                     self.acked.push(row);
-                    self.marking.insert(row);
                     self.report(Report::Acked { in_flight, latency });
                 }
                 self.quota_backoff.reset();

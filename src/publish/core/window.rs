@@ -67,8 +67,21 @@ impl Core {
             }
             // Claimed only now, as it goes: until here a newer value replaces a coalescing row
             // (its notice then takes it out of the read-ahead).
-            let claim: Vec<i64> = publish.seqs().filter(|s| self.unclaimed.contains(s)).collect();
+            let mut claim: Vec<i64> = publish.seqs().filter(|s| self.unclaimed.contains(s)).collect();
             if !claim.is_empty() && !crate::mutant::active("skip-claim") {
+                if self.config.pace.is_off() && self.config.batching.is_empty() {
+                    // Nothing holds rows back here: what follows in the lane goes out within a
+                    // round trip, so it is claimed now too, in the same transaction (a claim
+                    // per publish would cost a backlog of latest values a write each).
+                    let lane = self.ready.lane(publish.lane);
+                    let ahead: Vec<i64> = lane
+                        .iter()
+                        .map(|r| r.seq)
+                        .filter(|s| self.unclaimed.contains(s))
+                        .take(self.config.max_in_flight)
+                        .collect();
+                    claim.extend(ahead);
+                }
                 self.awaiting = Some(Awaiting::HandOver(Box::new(publish), now_ms));
                 self.out.push_back(Action::Claim(claim));
                 return;

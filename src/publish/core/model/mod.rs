@@ -126,16 +126,19 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The relay as the model runs it: a small window, batching on `b/#`, a pace, short timeouts.
-fn relay_config(paced: bool) -> RelayConfig {
-    let config = RelayConfig::new(MqttConfig::new("127.0.0.1", 1883).client_id("model"))
+/// The relay as the model runs it: a small window and short timeouts; batching on `b/#` and a
+/// pace where the sequence says so.
+fn relay_config(paced: bool, batched: bool) -> RelayConfig {
+    let mut config = RelayConfig::new(MqttConfig::new("127.0.0.1", 1883).client_id("model"))
         .max_in_flight(3)
         .ack_timeout(Duration::from_secs(5))
-        .poison_disconnects(3)
-        .batch(
+        .poison_disconnects(3);
+    if batched {
+        config = config.batch(
             "b/#",
             Batching::new().max_bytes(600).linger(Duration::from_millis(200)),
         );
+    }
     if paced { config.pace_messages(4) } else { config }
 }
 
@@ -241,8 +244,8 @@ fn fail(e: crate::Error) -> TestCaseError {
 
 /// Runs one sequence, then drains: a connection that answers everything, until nothing is
 /// pending; then every number is accounted for.
-fn run(ops: &[Op], paced: bool) -> Result<(), TestCaseError> {
-    let mut world = World::new(options(), relay_config(paced));
+fn run(ops: &[Op], paced: bool, batched: bool) -> Result<(), TestCaseError> {
+    let mut world = World::new(options(), relay_config(paced, batched));
     let mut ledger = Ledger::default();
     for (step, op) in ops.iter().enumerate() {
         apply(&mut world, &mut ledger, op)
@@ -280,9 +283,10 @@ fn runner() -> TestRunner {
 #[test]
 fn every_number_is_accounted_for_under_random_sequences() {
     let mut runner = runner();
-    let result = runner.run(&(vec(op(), 1..MAX_STEPS), any::<bool>()), |(ops, paced)| {
-        run(&ops, paced)
-    });
+    let result = runner.run(
+        &(vec(op(), 1..MAX_STEPS), any::<bool>(), any::<bool>()),
+        |(ops, paced, batched)| run(&ops, paced, batched),
+    );
     if let Err(e) = result {
         panic!("the model found a sequence that breaks an invariant: {e}");
     }

@@ -25,7 +25,7 @@ fn write(topic: usize, key: u8) -> Op {
 }
 
 fn check(ops: &[Op], paced: bool) {
-    if let Err(e) = run(ops, paced) {
+    if let Err(e) = run(ops, paced, true) {
         panic!("a regression sequence fails again: {e}");
     }
 }

@@ -118,6 +118,8 @@ pub(super) struct World {
     pub handed: Vec<(Vec<u8>, i64)>,
     /// The core asked for a new connection.
     renew: Option<Cause>,
+    /// Batches marked, as the marker counts them.
+    marked: u64,
 }
 
 impl World {
@@ -141,6 +143,7 @@ impl World {
             polled_at: 0,
             handed: Vec::new(),
             renew: None,
+            marked: 0,
         }
     }
 
@@ -160,6 +163,8 @@ impl World {
         }
         if let Some(mut acked) = self.core.acks_due(true) {
             rows::mark_acked(&mut self.conn, self.outbox.options(), &mut acked).expect("marks");
+            self.marked += 1;
+            self.core.on_marked(self.marked);
         }
         if let Some(cause) = self.renew.take() {
             // The connection thread closes it: what was written may have reached the broker.
@@ -192,10 +197,13 @@ impl World {
             }
             Action::Claim(seqs) => {
                 let gone = rows::claim(&mut self.conn, &seqs).expect("claims");
-                self.core.on_claimed(&gone);
+                self.core.on_claimed(&seqs, &gone);
             }
             Action::MarkAll(mut acked) => {
-                rows::mark_acked(&mut self.conn, self.outbox.options(), &mut acked).expect("marks");
+                if !acked.is_empty() {
+                    rows::mark_acked(&mut self.conn, self.outbox.options(), &mut acked).expect("marks");
+                    self.marked += 1;
+                }
             }
             Action::Announced(ranges) => {
                 gaps::mark_announced(&mut self.conn, self.outbox.options(), &ranges)
@@ -295,6 +303,7 @@ impl World {
         self.end_connection();
         self.renew = None;
         self.core = Core::new(self.config.clone());
+        self.marked = 0;
         self.epochs = Epochs::read(&self.conn).expect("epochs");
     }
 }
