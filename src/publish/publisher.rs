@@ -189,17 +189,21 @@ impl Publisher {
 
     fn perform(&mut self, d: &mut Driver, action: Action) {
         match action {
-            Action::Publish(p) => {
+            Action::Publish(mut p) => {
+                let reports = std::mem::take(&mut p.reports);
+                let envelope = std::mem::take(&mut p.envelope);
                 let queued = d.client.as_ref().is_some_and(|c| {
-                    c.try_publish(&p.topic, QoS::AtLeastOnce, false, p.envelope, p.alias, p.expiry)
+                    c.try_publish(&p.topic, QoS::AtLeastOnce, false, envelope, p.alias, p.expiry)
                         .is_ok()
                 });
-                if !queued {
+                if queued {
+                    reports.into_iter().for_each(|r| self.report(r));
+                } else {
                     // The request channel is sized above the window, so this means the
                     // connection is gone; the row stays in the outbox for the next one.
                     tracing::debug!("could not hand a publish to rumqttc: the connection is ending");
                     d.client = None;
-                    d.core.on_hand_over_failed(p.seq);
+                    d.core.on_hand_over_failed(p);
                 }
             }
             Action::Read(req) => match self.read(d, &req) {

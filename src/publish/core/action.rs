@@ -10,8 +10,9 @@ use crate::publish::rows::{Ready, Unpublishable};
 
 /// One thing for the driver to do, in the order the core returns them.
 pub(crate) enum Action {
-    /// Hand this publish to the MQTT client (QoS 1, not retained). If it cannot be handed over,
-    /// tell the core with [`Core::on_hand_over_failed`](super::Core::on_hand_over_failed).
+    /// Hand this publish to the MQTT client (QoS 1, not retained), then apply its reports. If it
+    /// cannot be handed over, give it back with
+    /// [`Core::on_hand_over_failed`](super::Core::on_hand_over_failed).
     Publish(Outgoing),
     /// Read the outbox; answer with [`Core::on_read`](super::Core::on_read) or
     /// [`Core::on_read_failed`](super::Core::on_read_failed).
@@ -56,6 +57,11 @@ pub(crate) struct Outgoing {
     pub alias: Option<(u16, bool)>,
     /// MQTT 5's message expiry interval, in seconds.
     pub expiry: Option<u32>,
+    /// For the status, once it is handed over (not before: a hand-over that fails counts
+    /// nothing).
+    pub reports: Vec<Report>,
+    /// Its rows that were in flight when an earlier connection ended.
+    pub resent: Vec<i64>,
 }
 
 /// What to read: each lane marked in `lanes` past its cursor, and the gap rows past theirs.

@@ -345,20 +345,22 @@ impl Core {
         self.stopping = true;
     }
 
-    /// The driver could not hand a publish over: the connection is ending. It and every publish
-    /// queued after it stay in the outbox for the next connection.
-    pub(crate) fn on_hand_over_failed(&mut self, seq: i64) {
-        let mut withdrawn = vec![seq];
-        self.out.retain(|a| match a {
-            Action::Publish(p) => {
-                withdrawn.push(p.seq);
-                false
+    /// The driver could not hand `failed` over: the connection is ending. It and every publish
+    /// queued after it stay in the outbox for the next connection, where a row that was in
+    /// flight at an earlier cut still counts as a resend.
+    pub(crate) fn on_hand_over_failed(&mut self, failed: Outgoing) {
+        let mut withdrawn = vec![failed];
+        let queued = std::mem::take(&mut self.out);
+        for action in queued {
+            match action {
+                Action::Publish(p) => withdrawn.push(p),
+                other => self.out.push_back(other),
             }
-            _ => true,
-        });
-        for seq in withdrawn {
-            self.tracker.withdraw(seq);
-            self.batches.remove(&seq);
+        }
+        for p in withdrawn {
+            self.tracker.withdraw(p.seq);
+            self.batches.remove(&p.seq);
+            self.unacked_at_cut.extend(p.resent);
         }
         self.clear_ready();
         self.live = None;

@@ -142,23 +142,29 @@ impl Core {
             .map(|t| seconds_left(t, now_ms));
         self.tracker.submit(row.seq);
         let seq = row.seq;
-        self.out.push_back(Action::Publish(Outgoing {
+        let mut outgoing = Outgoing {
             seq,
             topic: row.topic,
             envelope: row.envelope,
             alias,
             expiry,
-        }));
+            reports: Vec::new(),
+            resent: Vec::new(),
+        };
         if gaps::is_notice(seq) {
             let in_flight = self.tracker.in_flight();
-            self.report(Report::NoticePublished { in_flight });
+            outgoing.reports.push(Report::NoticePublished { in_flight });
+            self.out.push_back(Action::Publish(outgoing));
             return;
         }
         let rows = members.map_or_else(|| vec![seq], |m| m.iter().map(|r| r.seq).collect());
         for &seq in &rows {
             let resend = self.unacked_at_cut.remove(&seq);
+            if resend {
+                outgoing.resent.push(seq);
+            }
             let in_flight = self.tracker.in_flight();
-            self.report(Report::Published { in_flight, resend });
+            outgoing.reports.push(Report::Published { in_flight, resend });
             self.highest_submitted = self.highest_submitted.max(seq);
             if crate::mutant::active("mark-before-puback") {
                 self.acked.push(seq);
@@ -167,6 +173,7 @@ impl Core {
         if rows.len() > 1 {
             self.batches.insert(seq, rows);
         }
+        self.out.push_back(Action::Publish(outgoing));
     }
 
     /// Asks to read ahead: the higher lanes, and lane 0 when its queue is used up or `extend`

@@ -176,7 +176,7 @@ impl World {
         match action {
             Action::Publish(p) => {
                 if !self.broker.connected {
-                    self.core.on_hand_over_failed(p.seq);
+                    self.core.on_hand_over_failed(p);
                     return;
                 }
                 self.handed.push((p.envelope.clone(), self.polled_at));
