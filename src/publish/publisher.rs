@@ -14,7 +14,7 @@ use crossbeam_channel::{Receiver, select};
 use rumqttc::QoS;
 use rusqlite::Connection;
 
-use super::core::{Action, Core, ReadRequest, ReadResult, Removal, Report};
+use super::core::{Action, Core, Outgoing, ReadRequest, ReadResult, Removal, Report};
 use super::durability::Barrier;
 use super::marker::Marks;
 use super::reader::{self, Context};
@@ -190,14 +190,13 @@ impl Publisher {
     fn perform(&mut self, d: &mut Driver, action: Action) {
         match action {
             Action::Publish(mut p) => {
-                let reports = std::mem::take(&mut p.reports);
                 let envelope = std::mem::take(&mut p.envelope);
                 let queued = d.client.as_ref().is_some_and(|c| {
                     c.try_publish(&p.topic, QoS::AtLeastOnce, false, envelope, p.alias, p.expiry)
                         .is_ok()
                 });
                 if queued {
-                    reports.into_iter().for_each(|r| self.report(r));
+                    self.handed_over(&p);
                 } else {
                     // The request channel is sized above the window, so this means the
                     // connection is gone; the row stays in the outbox for the next one.
@@ -292,11 +291,19 @@ impl Publisher {
         d.core.on_read_failed();
     }
 
+    /// Counts a publish handed over: a gap notice, or its rows (the resent ones as resends).
+    fn handed_over(&self, p: &Outgoing) {
+        if p.rows == 0 {
+            self.status.on_notice_published(p.in_flight);
+        }
+        for i in 0..p.rows {
+            self.status.on_published(p.in_flight, i < p.resent.len());
+        }
+    }
+
     fn report(&self, report: Report) {
         let s = &self.status;
         match report {
-            Report::Published { in_flight, resend } => s.on_published(in_flight, resend),
-            Report::NoticePublished { in_flight } => s.on_notice_published(in_flight),
             Report::Acked { in_flight, latency } => s.on_acked(in_flight, latency),
             Report::Answered { in_flight } => s.on_answered(in_flight),
             Report::GapAnnounced(n) => s.on_gap_announced(n),

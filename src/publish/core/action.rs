@@ -57,10 +57,11 @@ pub(crate) struct Outgoing {
     pub alias: Option<(u16, bool)>,
     /// MQTT 5's message expiry interval, in seconds.
     pub expiry: Option<u32>,
-    /// For the status, once it is handed over (not before: a hand-over that fails counts
-    /// nothing).
-    pub reports: Vec<Report>,
-    /// Its rows that were in flight when an earlier connection ended.
+    /// Rows it stands for (0 for a gap notice), and rows handed over now, for the status: counted
+    /// once it is handed over, not before (a hand-over that fails counts nothing).
+    pub rows: usize,
+    pub in_flight: usize,
+    /// Its rows that were in flight when an earlier connection ended: resends.
     pub resent: Vec<i64>,
 }
 
@@ -91,8 +92,7 @@ pub(crate) struct ReadRequest {
 impl ReadRequest {
     /// Whether `first..=last` overlaps a settling number.
     pub(crate) fn is_settling(&self, first: i64, last: i64) -> bool {
-        let at = self.settling.partition_point(|&(_, end)| end < first);
-        self.settling.get(at).is_some_and(|&(start, _)| start <= last)
+        super::ranges::overlaps(&self.settling, first, last)
     }
 }
 
@@ -127,15 +127,6 @@ pub(crate) struct LaneRead {
 /// A status update.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Report {
-    /// A row handed over; `resend` if it was in flight when a connection ended.
-    Published {
-        in_flight: usize,
-        resend: bool,
-    },
-    /// A gap notice handed over.
-    NoticePublished {
-        in_flight: usize,
-    },
     /// A row acknowledged, with how long it waited for its PUBACK.
     Acked {
         in_flight: usize,

@@ -143,10 +143,7 @@ impl Core {
         }
         let mut sorted: Vec<(i64, i64)> = ranges.values().copied().collect();
         sorted.sort_unstable();
-        let removed = |seq: i64| {
-            let at = sorted.partition_point(|&(first, _)| first <= seq);
-            at > 0 && sorted[at - 1].1 >= seq
-        };
+        let removed = |seq: i64| super::ranges::overlaps(&sorted, seq, seq);
         if let Some(held) = self.held_back.take() {
             let lane = self.ready.lane(held.lane);
             for row in held.into_rows().into_iter().rev() {

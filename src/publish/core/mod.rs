@@ -494,14 +494,10 @@ impl Core {
 
     /// The gap rows set aside whose numbers are no longer settling, taken for a read.
     fn gaps_again(&mut self, settling: &[(i64, i64)]) -> Vec<i64> {
-        let overlaps = |first: i64, last: i64| {
-            let at = settling.partition_point(|&(_, end)| end < first);
-            settling.get(at).is_some_and(|&(start, _)| start <= last)
-        };
         let again: Vec<i64> = self
             .set_aside
             .iter()
-            .filter(|(_, range)| !overlaps(range.0, range.1))
+            .filter(|(_, range)| !ranges::overlaps(settling, range.0, range.1))
             .map(|(&id, _)| id)
             .collect();
         for id in &again {

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::{Action, Awaiting, Core, GAP_READ_BATCH, Outgoing, Publish, READ_BATCH, ReadRequest, Report};
+use super::{Action, Awaiting, Core, GAP_READ_BATCH, Outgoing, Publish, READ_BATCH, ReadRequest};
 use crate::publish::batch::{self, Front, Step};
 use crate::publish::gaps;
 
@@ -142,34 +142,32 @@ impl Core {
             .map(|t| seconds_left(t, now_ms));
         self.tracker.submit(row.seq);
         let seq = row.seq;
-        let mut outgoing = Outgoing {
-            seq,
-            topic: row.topic,
-            envelope: row.envelope,
-            alias,
-            expiry,
-            reports: Vec::new(),
-            resent: Vec::new(),
+        let rows = match members {
+            _ if gaps::is_notice(seq) => Vec::new(),
+            Some(m) => m.iter().map(|r| r.seq).collect(),
+            None => vec![seq],
         };
-        if gaps::is_notice(seq) {
-            let in_flight = self.tracker.in_flight();
-            outgoing.reports.push(Report::NoticePublished { in_flight });
-            self.out.push_back(Action::Publish(outgoing));
-            return;
-        }
-        let rows = members.map_or_else(|| vec![seq], |m| m.iter().map(|r| r.seq).collect());
+        let resent: Vec<i64> = rows
+            .iter()
+            .copied()
+            .filter(|s| self.unacked_at_cut.remove(s))
+            .collect();
         for &seq in &rows {
-            let resend = self.unacked_at_cut.remove(&seq);
-            if resend {
-                outgoing.resent.push(seq);
-            }
-            let in_flight = self.tracker.in_flight();
-            outgoing.reports.push(Report::Published { in_flight, resend });
             self.highest_submitted = self.highest_submitted.max(seq);
             if crate::mutant::active("mark-before-puback") {
                 self.acked.push(seq);
             }
         }
+        let outgoing = Outgoing {
+            seq,
+            topic: row.topic,
+            envelope: row.envelope,
+            alias,
+            expiry,
+            rows: rows.len(),
+            in_flight: self.tracker.in_flight(),
+            resent,
+        };
         if rows.len() > 1 {
             self.batches.insert(seq, rows);
         }

@@ -47,8 +47,8 @@ pub(super) struct Ledger {
     /// By (lane, key): the highest number delivered so far.
     order: HashMap<(u8, String), u64>,
     /// A consumer with the default bounds, and one past its bounds at once.
-    consumer: Option<Consumer>,
-    tight: Option<Consumer>,
+    consumer: Consumer,
+    tight: Consumer,
     forwarded_seen: usize,
     lost_seen: usize,
     refused_seen: usize,
@@ -60,26 +60,23 @@ fn fail(why: String) -> TestCaseError {
 }
 
 impl Ledger {
+    pub fn new() -> Ledger {
+        Ledger {
+            consumer: Consumer::new().from_start(true),
+            tight: Consumer::new().from_start(true).max_gaps(2),
+            ..Ledger::default()
+        }
+    }
+
     /// A fresh payload value, so no two messages are alike.
     pub fn next_value(&mut self) -> u64 {
         self.values += 1;
         self.values
     }
 
-    /// The relay restarted: the per-key order starts over only for what it publishes again,
-    /// which the order check already allows (a repeat is not a first delivery).
-    pub fn restarted(&mut self) {}
-
     /// Takes in what happened in one step, and checks the invariants that hold at every step.
     pub fn take_in(&mut self, world: &World) -> Result<(), TestCaseError> {
         self.learn_rows(world)?;
-        let consumer = self
-            .consumer
-            .get_or_insert_with(|| Consumer::new().from_start(true));
-        let tight = self
-            .tight
-            .get_or_insert_with(|| Consumer::new().from_start(true).max_gaps(2));
-        let _ = (consumer, tight);
         for (payload, at) in &world.handed[self.handed_seen..] {
             for item in decode(payload)? {
                 if let Published::Message(m) = item
@@ -94,50 +91,38 @@ impl Ledger {
             }
         }
         self.handed_seen = world.handed.len();
-        for payload in &world.broker.lost[self.lost_seen..] {
-            for item in decode(payload)? {
-                match item {
-                    Published::Message(m) => {
-                        self.lost.insert(m.seq);
-                    }
-                    Published::Gap(g) => self.lost.extend(g.first..=g.last),
+        for item in since(&world.broker.lost, &mut self.lost_seen)? {
+            match item {
+                Published::Message(m) => {
+                    self.lost.insert(m.seq);
                 }
+                Published::Gap(g) => self.lost.extend(g.first..=g.last),
             }
         }
-        self.lost_seen = world.broker.lost.len();
-        for payload in &world.broker.refused[self.refused_seen..] {
-            for item in decode(payload)? {
-                match item {
-                    Published::Gap(g) => self.lost.extend(g.first..=g.last),
-                    Published::Message(m) => {
-                        self.postponed.insert(m.seq);
-                    }
-                }
-            }
-        }
-        self.refused_seen = world.broker.refused.len();
-        for payload in &world.broker.unsettled[self.unsettled_seen..] {
-            for item in decode(payload)? {
-                match item {
-                    Published::Message(m) => {
-                        self.unsettled.insert(m.seq);
-                    }
-                    // A notice on the wire when connections end may be given up on as poison
-                    // (said in the log and the status): then the cloud sees an unexplained
-                    // gap, which the consumer check below counts exactly.
-                    Published::Gap(g) => self.lost.extend(g.first..=g.last),
-                }
-            }
-        }
-        self.unsettled_seen = world.broker.unsettled.len();
-        for payload in &world.broker.postponed[self.postponed_seen..] {
-            for item in decode(payload)? {
-                if let Published::Message(m) = item {
+        for item in since(&world.broker.refused, &mut self.refused_seen)? {
+            match item {
+                Published::Gap(g) => self.lost.extend(g.first..=g.last),
+                Published::Message(m) => {
                     self.postponed.insert(m.seq);
                 }
             }
         }
-        self.postponed_seen = world.broker.postponed.len();
+        for item in since(&world.broker.unsettled, &mut self.unsettled_seen)? {
+            match item {
+                Published::Message(m) => {
+                    self.unsettled.insert(m.seq);
+                }
+                // A notice on the wire when connections end may be given up on as poison (said
+                // in the log and the status): then the cloud sees an unexplained gap, which the
+                // consumer check below counts exactly.
+                Published::Gap(g) => self.lost.extend(g.first..=g.last),
+            }
+        }
+        for item in since(&world.broker.postponed, &mut self.postponed_seen)? {
+            if let Published::Message(m) = item {
+                self.postponed.insert(m.seq);
+            }
+        }
         let forwarded: Vec<Vec<u8>> = world.broker.forwarded[self.forwarded_seen..].to_vec();
         self.forwarded_seen = world.broker.forwarded.len();
         for payload in forwarded {
@@ -186,13 +171,12 @@ impl Ledger {
 
     /// One payload forwarded to subscribers: every item in it, as a cloud consumer sees it.
     fn observe(&mut self, payload: &[u8]) -> Result<(), TestCaseError> {
-        let (Some(consumer), Some(tight)) = (self.consumer.as_mut(), self.tight.as_mut()) else {
-            return Ok(());
-        };
-        let verdicts = consumer
+        let verdicts = self
+            .consumer
             .observe_all(payload)
             .map_err(|e| fail(format!("the consumer cannot read a forwarded payload: {e}")))?;
-        let tight_verdicts = tight
+        let tight_verdicts = self
+            .tight
             .observe_all(payload)
             .map_err(|e| fail(format!("the consumer cannot read a forwarded payload: {e}")))?;
         for ((item, verdict), (_, tight_verdict)) in verdicts.into_iter().zip(tight_verdicts) {
@@ -324,10 +308,7 @@ impl Ledger {
                 return Err(fail(format!("number {n} was neither delivered nor announced")));
             }
         }
-        let Some(consumer) = &self.consumer else {
-            return Ok(());
-        };
-        let report = consumer.report();
+        let report = self.consumer.report();
         let lost_unrecovered: BTreeSet<u64> = self
             .lost
             .iter()
@@ -354,6 +335,16 @@ fn pending(world: &World) -> Result<i64, TestCaseError> {
             |r| r.get(0),
         )
         .map_err(|e| fail(e.to_string()))
+}
+
+/// The items of the payloads `list` gained since `seen`, which moves to its end.
+fn since(list: &[Vec<u8>], seen: &mut usize) -> Result<Vec<Published>, TestCaseError> {
+    let mut items = Vec::new();
+    for payload in list.get(*seen..).unwrap_or_default() {
+        items.extend(decode(payload)?);
+    }
+    *seen = list.len();
+    Ok(items)
 }
 
 fn decode(payload: &[u8]) -> Result<Vec<Published>, TestCaseError> {

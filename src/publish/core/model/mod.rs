@@ -200,10 +200,7 @@ fn apply(world: &mut World, ledger: &mut Ledger, op: &Op) -> Result<(), TestCase
             world.wall_shift = world.wall_shift.saturating_add(i64::from(ms));
             world.advance(Duration::ZERO);
         }
-        Op::Restart { arrived } => {
-            world.restart(arrived);
-            ledger.restarted();
-        }
+        Op::Restart { arrived } => world.restart(arrived),
         Op::LoseNext => world.broker.lose_next = true,
         Op::RetryDeadLetter => {
             if let Some(d) = world.outbox.dead_letters(1).map_err(fail)?.first() {
@@ -246,7 +243,7 @@ fn fail(e: crate::Error) -> TestCaseError {
 /// pending; then every number is accounted for.
 fn run(ops: &[Op], paced: bool, batched: bool) -> Result<(), TestCaseError> {
     let mut world = World::new(options(), relay_config(paced, batched));
-    let mut ledger = Ledger::default();
+    let mut ledger = Ledger::new();
     for (step, op) in ops.iter().enumerate() {
         apply(&mut world, &mut ledger, op)
             .map_err(|e| TestCaseError::fail(format!("step {step} ({op:?}): {e}")))?;
