@@ -96,13 +96,14 @@ pub(crate) fn run_handler(
             return Ok(());
         }
         let data_version = |conn: &Option<Connection>| conn.as_ref().and_then(|c| data_version(c).ok());
-        if unsettled.is_active() {
-            // Try at once after a change, then again each time another commit shows.
+        if let Some(recheck) = unsettled.recheck() {
+            // Try at once after a change, then again each time another commit shows. Never the
+            // long poll here: this wait hears nothing else, and a retry may fall due meanwhile.
             let now = data_version(&conn);
             if now.is_some() && now == version {
                 select! {
                     recv(stop) -> _ => return Ok(()),
-                    default(unsettled.wait(poll)) => {}
+                    default(recheck) => {}
                 }
                 continue;
             }

@@ -40,11 +40,18 @@ impl Unsettled {
     }
 
     /// Whether to check again soon.
-    pub(crate) fn is_active(&mut self) -> bool {
+    fn is_active(&mut self) -> bool {
         if self.until.is_some_and(|t| Instant::now() >= t) {
             self.until = None;
         }
         self.until.is_some()
+    }
+
+    /// If a change is still settling, how soon to check again. Decided in one call: asking
+    /// whether a change is settling and then how long to wait could see the window close between
+    /// the two, and sleep the long wait where a recheck was meant.
+    pub(crate) fn recheck(&mut self) -> Option<Duration> {
+        self.is_active().then_some(RECHECK_EVERY)
     }
 
     /// How long to wait before checking, at most `otherwise`.
@@ -180,4 +187,20 @@ mod linux {
 /// commits, which is how rows written by other processes are noticed without scanning.
 pub(crate) fn data_version(conn: &rusqlite::Connection) -> crate::error::Result<i64> {
     Ok(conn.query_row("PRAGMA data_version", [], |r| r.get(0))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_settling_change_is_rechecked_soon_and_a_settled_one_not_at_all() {
+        let mut unsettled = Unsettled::default();
+        assert_eq!(unsettled.recheck(), None);
+        unsettled.on_change();
+        assert_eq!(unsettled.recheck(), Some(RECHECK_EVERY));
+        unsettled.settle();
+        assert_eq!(unsettled.recheck(), None);
+        assert_eq!(unsettled.wait(Duration::from_secs(10)), Duration::from_secs(10));
+    }
 }

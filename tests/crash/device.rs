@@ -268,10 +268,13 @@ pub fn run() -> Result<(), Error> {
         if status.store.pending_messages == 0 && status.store.inbox_unapplied == 0 && applied >= commands {
             break;
         }
-        let now = format!(
+        let mut now = format!(
             "waiting pending={} unapplied={} applied={applied}/{commands} effects={effects}",
             status.store.pending_messages, status.store.inbox_unapplied
         );
+        if status.store.inbox_unapplied > 0 {
+            now.push_str(&outbox.with_connection(unapplied_commands)?);
+        }
         if now != waiting {
             say(&now);
             waiting = now;
@@ -311,4 +314,26 @@ impl Reported {
             *self = now;
         }
     }
+}
+
+/// The oldest unapplied commands as the inbox holds them, so a stalled run says why each waits.
+fn unapplied_commands(c: &rusqlite::Connection) -> rusqlite::Result<String> {
+    let mut stmt = c.prepare(
+        "SELECT seq, key, attempts, next_attempt_at - CAST(unixepoch('subsec') * 1000 AS INTEGER),
+                attempt_started_at IS NOT NULL, coalesce(claimed_by, '-'), coalesce(last_error, '-')
+         FROM inbox WHERE applied_at IS NULL AND dead_at IS NULL ORDER BY seq LIMIT 4",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(format!(
+            " [seq {} key {} attempts {} due in {}ms running {} by {} error {}]",
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, i64>(2)?,
+            r.get::<_, i64>(3)?,
+            r.get::<_, bool>(4)?,
+            r.get::<_, String>(5)?,
+            r.get::<_, String>(6)?,
+        ))
+    })?;
+    rows.collect()
 }

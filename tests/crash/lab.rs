@@ -101,7 +101,7 @@ impl Lab {
             // Its lifeline: it exits when this end closes, however this process ends.
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null());
+            .stderr(device_stderr());
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
@@ -505,5 +505,17 @@ impl Device {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+}
+
+/// Where a device's stderr goes: appended to the file `CRASH_DEVICE_LOG` names (with `RUST_LOG`,
+/// its tracing output, to see why a run stalled), else nowhere.
+fn device_stderr() -> Stdio {
+    let Some(path) = std::env::var_os("CRASH_DEVICE_LOG") else {
+        return Stdio::null();
+    };
+    match std::fs::OpenOptions::new().create(true).append(true).open(&path) {
+        Ok(file) => Stdio::from(file),
+        Err(e) => panic!("CRASH_DEVICE_LOG {}: {e}", std::path::Path::new(&path).display()),
     }
 }

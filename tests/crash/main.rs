@@ -5,7 +5,8 @@
 //! harness has a hole. `-- NAME` runs the scenarios whose name contains NAME; `--fail-fast` stops
 //! at the first scenario with a problem (the default under `EDGE_OUTBOX_MUTANT`).
 //! `CRASH_KILLS=1000` makes the random-kill loop a soak; `CRASH_SEED` replays a run;
-//! `CRASH_TABLE=path` also writes the table as Markdown (docs/reliability.md's). With `--device`
+//! `CRASH_TABLE=path` also writes the table as Markdown (docs/reliability.md's);
+//! `CRASH_DEVICE_LOG=path` with `RUST_LOG` appends the devices' logs to a file. With `--device`
 //! or `--writer` this binary is a device or a foreign writer under test instead (the scenarios
 //! start it that way).
 
@@ -24,6 +25,12 @@ use scenarios::Rng;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     if args.iter().any(|a| a == "--device") {
         lifeline();
         if let Err(e) = device::run() {
@@ -39,12 +46,6 @@ fn main() {
             std::process::exit(1);
         }
         return;
-    }
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .try_init();
     }
     let mutant = std::env::var("EDGE_OUTBOX_MUTANT").ok().filter(|m| !m.is_empty());
     let fail_fast = mutant.is_some() || args.iter().any(|a| a == "--fail-fast");
