@@ -93,31 +93,17 @@ impl Ledger {
         self.handed_seen = world.handed.len();
         for item in since(&world.broker.lost, &mut self.lost_seen)? {
             match item {
-                Published::Message(m) => {
-                    self.lost.insert(m.seq);
-                }
+                Published::Message(m) => self.lost.extend([m.seq]),
                 Published::Gap(g) => self.lost.extend(g.first..=g.last),
             }
         }
-        for item in since(&world.broker.refused, &mut self.refused_seen)? {
-            match item {
-                Published::Gap(g) => self.lost.extend(g.first..=g.last),
-                Published::Message(m) => {
-                    self.postponed.insert(m.seq);
-                }
-            }
-        }
-        for item in since(&world.broker.unsettled, &mut self.unsettled_seen)? {
-            match item {
-                Published::Message(m) => {
-                    self.unsettled.insert(m.seq);
-                }
-                // A notice on the wire when connections end may be given up on as poison (said
-                // in the log and the status): then the cloud sees an unexplained gap, which the
-                // consumer check below counts exactly.
-                Published::Gap(g) => self.lost.extend(g.first..=g.last),
-            }
-        }
+        let refused = since(&world.broker.refused, &mut self.refused_seen)?;
+        sort(refused, &mut self.postponed, &mut self.lost);
+        // A notice on the wire when connections end may be given up on as poison (said in the
+        // log and the status): then the cloud sees an unexplained gap, which the consumer check
+        // below counts exactly.
+        let unsettled = since(&world.broker.unsettled, &mut self.unsettled_seen)?;
+        sort(unsettled, &mut self.unsettled, &mut self.lost);
         for item in since(&world.broker.postponed, &mut self.postponed_seen)? {
             if let Published::Message(m) = item {
                 self.postponed.insert(m.seq);
@@ -338,6 +324,18 @@ fn pending(world: &World) -> Result<i64, TestCaseError> {
 }
 
 /// The items of the payloads `list` gained since `seen`, which moves to its end.
+/// Messages' numbers into `messages`, notices' ranges into `notices`.
+fn sort(items: Vec<Published>, messages: &mut BTreeSet<u64>, notices: &mut BTreeSet<u64>) {
+    for item in items {
+        match item {
+            Published::Message(m) => {
+                messages.insert(m.seq);
+            }
+            Published::Gap(g) => notices.extend(g.first..=g.last),
+        }
+    }
+}
+
 fn since(list: &[Vec<u8>], seen: &mut usize) -> Result<Vec<Published>, TestCaseError> {
     let mut items = Vec::new();
     for payload in list.get(*seen..).unwrap_or_default() {
