@@ -93,6 +93,9 @@ pub const MODEL_MUTANTS: &[&str] = &[
     "publish-removed",
     // A batch's PUBACK marks its first row only: the others are published again and again.
     "batch-first-only",
+    // The pace's deadline is named as the next wake-up during an outage, a quota pause or a stop,
+    // when nothing can follow it: once it has passed, the publisher wakes at once, again and again.
+    "stale-pace-deadline",
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);

@@ -62,7 +62,7 @@ fn run_cmd(mut cmd: Command) -> Run {
     }
 }
 
-/// `args` with `--db <db>` appended (a global option: it goes anywhere).
+/// `args` with `--db <db>` appended (after the command, where its own options go).
 fn on(db: &Path, args: &[&str]) -> Run {
     let db = db.to_str().expect("utf-8 temp path");
     let mut all = args.to_vec();
@@ -527,6 +527,59 @@ fn help_documents_the_exit_codes() {
     }
     let relay = run(&["relay", "--help"]);
     assert!(relay.stdout.contains("relay-status.json"), "{}", relay.stdout);
+}
+
+#[test]
+fn database_options_are_listed_and_taken_only_by_commands_that_open_a_database() -> TestResult {
+    for command in ["send-command", "encode-command", "consume"] {
+        let help = run(&[command, "--help"]);
+        assert_eq!(help.code, Some(0), "{help:#?}");
+        for option in ["--db", "--app", "--busy-timeout"] {
+            assert!(
+                !help.stdout.contains(option),
+                "{command} --help lists {option}:\n{}",
+                help.stdout
+            );
+        }
+        assert!(
+            help.stdout.contains("--json"),
+            "{command} --help:\n{}",
+            help.stdout
+        );
+    }
+    for command in [&["status"][..], &["dead-letters", "list"], &["relay"]] {
+        let mut args = command.to_vec();
+        args.push("--help");
+        let help = run(&args);
+        for option in ["--db", "--app", "--busy-timeout"] {
+            assert!(
+                help.stdout.contains(option),
+                "{command:?} --help lacks {option}:\n{}",
+                help.stdout
+            );
+        }
+    }
+    // Before the command or after it, both reach the same file.
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("device.db");
+    edge_outbox::Outbox::open(&db)?;
+    let db = db.to_str().ok_or("utf-8 temp path")?;
+    for args in [
+        &["--db", db, "status"][..],
+        &["status", "--db", db],
+        &["--db", db, "dead-letters", "list"],
+        &["dead-letters", "--db", db, "list"],
+        &["dead-letters", "list", "--db", db],
+    ] {
+        let out = run(args);
+        assert_eq!(out.code, Some(0), "{args:?}: {out:#?}");
+    }
+    // A database option before a command that opens none is refused, not ignored.
+    run(&["--db", db, "encode-command", "--key", "k", "--payload", "1"]).fails_with(
+        2,
+        "--db applies to the commands that open a database; encode-command opens none",
+    );
+    Ok(())
 }
 
 /// A relay child process, killed if the test fails before it is stopped.

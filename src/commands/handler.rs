@@ -5,7 +5,7 @@
 //! committing while a two-phase handler's outside step is slow.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, TryRecvError, select};
 use rusqlite::Connection;
@@ -81,6 +81,8 @@ pub(crate) fn run_handler(
     // After a change: wait for the commit to become visible before trying again.
     let mut unsettled = Unsettled::default();
     let mut version: Option<i64> = None;
+    // When the earliest command waiting out its backoff falls due: a recheck never delays it.
+    let mut due_at: Option<Instant> = None;
     let options = outbox.options().clone();
     let stranded = std::sync::Mutex::new(Vec::new());
     let applier = Applier {
@@ -100,7 +102,8 @@ pub(crate) fn run_handler(
             // Try at once after a change, then again each time another commit shows. Never the
             // long poll here: this wait hears nothing else, and a retry may fall due meanwhile.
             let now = data_version(&conn);
-            if now.is_some() && now == version {
+            let due = due_at.is_some_and(|at| Instant::now() >= at);
+            if !due && now.is_some() && now == version {
                 select! {
                     recv(stop) -> _ => return Ok(()),
                     default(recheck) => {}
@@ -118,8 +121,15 @@ pub(crate) fn run_handler(
                 status.clear_error(Source::Applying);
                 status.on_commands_dead_lettered(recovered_dead);
                 match outcome {
-                    ApplyOutcome::Idle { next_due } => next_due.map_or(poll, |d| d.min(poll)),
+                    ApplyOutcome::Idle { next_due } => {
+                        due_at = next_due.map(|d| Instant::now() + d);
+                        next_due.map_or(poll, |d| d.min(poll))
+                    }
                     outcome => {
+                        // Its own commit moves no data version it can see: try the next command
+                        // at once, not after the recheck window.
+                        version = None;
+                        due_at = None;
                         match &outcome {
                             ApplyOutcome::Applied { published, .. } => {
                                 status.on_applied();

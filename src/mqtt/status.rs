@@ -1,6 +1,7 @@
 //! What a running relay reports about itself.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::{AcqRel, Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -237,9 +238,11 @@ impl StatusCell {
     }
 
     /// Notes a change for the reporter: one wake-up per quiet period, not one per message.
+    /// Called after the change: a reporter that takes the change (`take_change`) after this
+    /// sees the new values, and one that took it before gets the wake-up sent here. The swap
+    /// orders them: the reporter's swap reads this one's write, and the values written before it.
     fn touch(&self) {
-        if !self.dirty.load(Relaxed)
-            && !self.dirty.swap(true, Relaxed)
+        if !self.dirty.swap(true, AcqRel)
             && let Some(tx) = self.changed.get()
         {
             let _ = tx.try_send(());
@@ -258,13 +261,12 @@ impl StatusCell {
 
     /// Clears the change flag: the next change sends a message again.
     pub(crate) fn take_change(&self) {
-        self.dirty.store(false, Relaxed);
+        self.dirty.swap(false, AcqRel);
     }
 
     /// Records `error` from `source` as the relay's current error (since now, unless the same
     /// error was already active).
     pub(crate) fn set_error(&self, source: Source, error: String) {
-        self.touch();
         let mut e = self.errors.lock().unwrap_or_else(PoisonError::into_inner);
         let since = match e.active.iter().position(|(s, _, _)| *s == source) {
             Some(i) => {
@@ -274,20 +276,20 @@ impl StatusCell {
             None => SystemTime::now(),
         };
         e.active.push((source, error, since));
+        self.touch();
     }
 
     /// The cause of `source`'s error is gone: it moves to the previous error.
     pub(crate) fn clear_error(&self, source: Source) {
-        self.touch();
         let mut e = self.errors.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(i) = e.active.iter().position(|(s, _, _)| *s == source) {
             let (_, message, since) = e.active.remove(i);
             e.previous = Some((message, since, SystemTime::now()));
         }
+        self.touch();
     }
 
     pub(crate) fn on_connected(&self, granted: &Granted) {
-        self.touch();
         self.clear_error(Source::Connection);
         self.connected.store(true, Relaxed);
         self.disconnected_since_ms.store(0, Relaxed);
@@ -297,28 +299,29 @@ impl StatusCell {
             .granted
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = granted.clone();
+        self.touch();
     }
 
     /// The publishing session's connection ended, or an attempt failed: only the end of a
     /// connection that was up counts as a disconnect.
     pub(crate) fn on_disconnected(&self, error: String) {
-        self.touch();
         if self.connected.swap(false, Relaxed) {
             self.disconnects.fetch_add(1, Relaxed);
         }
         self.mark_disconnected();
         self.in_flight.store(0, Relaxed);
         self.set_error(Source::Connection, error);
+        self.touch();
     }
 
     pub(crate) fn set_connected(&self, connected: bool) {
-        self.touch();
         self.connected.store(connected, Relaxed);
         if connected {
             self.disconnected_since_ms.store(0, Relaxed);
         } else {
             self.mark_disconnected();
         }
+        self.touch();
     }
 
     /// Down from now, unless already down (the outage began earlier).
@@ -329,32 +332,31 @@ impl StatusCell {
     }
 
     pub(crate) fn set_commands_connected(&self, connected: bool) {
-        self.touch();
         if connected {
             self.clear_error(Source::Commands);
         }
         self.commands_connected.store(connected, Relaxed);
+        self.touch();
     }
 
     /// A gap notice went to the broker: in flight, but not an outbox message.
     pub(crate) fn on_notice_published(&self, in_flight: usize) {
-        self.touch();
         self.notices_published.fetch_add(1, Relaxed);
         self.in_flight.store(in_flight as u64, Relaxed);
+        self.touch();
     }
 
     pub(crate) fn on_published(&self, in_flight: usize, resend: bool) {
-        self.touch();
         self.published.fetch_add(1, Relaxed);
         if resend {
             self.resent.fetch_add(1, Relaxed);
         }
         self.in_flight.store(in_flight as u64, Relaxed);
+        self.touch();
     }
 
     /// An accepted PUBACK, `latency` after its message went on the wire (if known).
     pub(crate) fn on_acked(&self, in_flight: usize, latency: Option<Duration>) {
-        self.touch();
         if let Some(latency) = latency {
             let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
             let bucket = ACK_BOUNDS_US
@@ -367,22 +369,23 @@ impl StatusCell {
         self.acknowledged.fetch_add(1, Relaxed);
         self.last_ack_ms.store(unix_ms_now(), Relaxed);
         self.in_flight.store(in_flight as u64, Relaxed);
+        self.touch();
     }
 
     /// A PUBACK that did not acknowledge (a refusal, a quota): one fewer in flight.
     pub(crate) fn on_answered(&self, in_flight: usize) {
-        self.touch();
         self.in_flight.store(in_flight as u64, Relaxed);
+        self.touch();
     }
 
     pub(crate) fn on_dead_lettered(&self, n: usize) {
-        self.touch();
         self.dead_lettered.fetch_add(n as u64, Relaxed);
+        self.touch();
     }
 
     pub(crate) fn on_refused(&self, n: usize) {
-        self.touch();
         self.refused.fetch_add(n as u64, Relaxed);
+        self.touch();
     }
 
     pub(crate) fn on_expired(&self, n: u64) {
@@ -404,43 +407,43 @@ impl StatusCell {
     }
 
     pub(crate) fn on_isolated(&self) {
-        self.touch();
         self.isolated.fetch_add(1, Relaxed);
+        self.touch();
     }
 
     pub(crate) fn on_command(&self, duplicate: bool) {
-        self.touch();
         let counter = if duplicate {
             &self.commands_duplicate
         } else {
             &self.commands_received
         };
         counter.fetch_add(1, Relaxed);
+        self.touch();
     }
 
     pub(crate) fn on_applied(&self) {
-        self.touch();
         self.commands_applied.fetch_add(1, Relaxed);
+        self.touch();
     }
 
     pub(crate) fn on_malformed(&self) {
-        self.touch();
         self.commands_malformed.fetch_add(1, Relaxed);
+        self.touch();
     }
 
     pub(crate) fn on_rejected(&self) {
-        self.touch();
         self.commands_rejected.fetch_add(1, Relaxed);
+        self.touch();
     }
 
     pub(crate) fn on_commands_dead_lettered(&self, n: u64) {
-        self.touch();
         self.commands_dead_lettered.fetch_add(n, Relaxed);
+        self.touch();
     }
 
     pub(crate) fn on_retained_ignored(&self) {
-        self.touch();
         self.commands_retained_ignored.fetch_add(1, Relaxed);
+        self.touch();
     }
 
     /// The relay synced the WAL file itself (its durability barrier).

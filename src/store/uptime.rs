@@ -62,14 +62,20 @@ pub(crate) fn cutoff(conn: &Connection, options: &Options, retention: Duration) 
 pub(crate) struct UptimeClock {
     since: Instant,
     step: Duration,
+    /// When to write next: a step after the last write, or after the last failed one (a write
+    /// that failed is not retried at once: a full disk would keep the thread busy retrying).
+    next: Instant,
 }
 
 impl UptimeClock {
     /// Starts counting now: the time before this relay started is not counted.
     pub(crate) fn start(options: &Options) -> Self {
+        let since = Instant::now();
+        let step = step(options);
         UptimeClock {
-            since: Instant::now(),
-            step: step(options),
+            since,
+            step,
+            next: since + step,
         }
     }
 
@@ -80,18 +86,21 @@ impl UptimeClock {
         if !force && elapsed < self.step {
             return Ok(());
         }
+        let now = Instant::now();
+        // The time stays counted from the last write that succeeded.
+        self.next = now + self.step;
         conn.execute(
             "UPDATE edge_outbox_meta SET value = value + ?1 WHERE name = 'uptime_ms'",
             params![ms(elapsed)],
         )?;
-        self.since = Instant::now();
+        self.since = now;
         Ok(())
     }
 
     /// When [`advance`](Self::advance) next writes: a relay that sleeps until its next timer
     /// wakes for this one too.
     pub(crate) fn due(&self) -> Instant {
-        self.since + self.step
+        self.next
     }
 }
 
@@ -111,5 +120,17 @@ mod tests {
         assert_eq!(step(&short_inbox), Duration::from_secs(2));
         let tiny = Options::new().sent_retention(Duration::from_millis(1));
         assert_eq!(step(&tiny), SHORTEST_STEP);
+    }
+
+    #[test]
+    fn a_failed_write_is_retried_a_step_later_not_at_once() {
+        let options = Options::new().sent_retention(Duration::from_millis(200));
+        let mut clock = UptimeClock::start(&options);
+        // No edge_outbox_meta table: the write fails, as on a full or read-only disk.
+        let conn = Connection::open_in_memory().expect("in-memory database");
+        std::thread::sleep(clock.step);
+        let before = Instant::now();
+        assert!(clock.advance(&conn, false).is_err());
+        assert!(clock.due() > before, "a failed write left its due time behind it");
     }
 }

@@ -319,7 +319,7 @@ impl Reported {
 /// The oldest unapplied commands as the inbox holds them, so a stalled run says why each waits.
 fn unapplied_commands(c: &rusqlite::Connection) -> rusqlite::Result<String> {
     let mut stmt = c.prepare(
-        "SELECT seq, key, attempts, next_attempt_at - CAST(unixepoch('subsec') * 1000 AS INTEGER),
+        "SELECT seq, key, attempts, max(next_attempt_at - CAST(unixepoch('subsec') * 1000 AS INTEGER), 0),
                 attempt_started_at IS NOT NULL, coalesce(claimed_by, '-'), coalesce(last_error, '-')
          FROM inbox WHERE applied_at IS NULL AND dead_at IS NULL ORDER BY seq LIMIT 4",
     )?;

@@ -59,53 +59,163 @@ Errors are one line on stderr. See docs/operations.md.";
 #[derive(Debug, Parser)]
 #[command(name = "edge-outbox", version, after_help = EXIT_CODES)]
 struct Cli {
+    /// Print one JSON document on stdout instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+    /// The database options given before the command (`edge-outbox --db PATH status`).
     #[command(flatten)]
-    global: Global,
+    store: StoreBefore,
     #[command(subcommand)]
     command: Command,
 }
 
-/// Options every command takes.
-#[derive(Debug, Clone, Args)]
-pub struct Global {
+/// The options of commands that open a database, given before the command name. Not global:
+/// the commands that open none (send-command, encode-command, consume, demo) do not list them.
+#[derive(Debug, Clone, Default, Args)]
+struct StoreBefore {
+    /// The database file, for the commands that open one [default: the data directory of
+    /// --app, e.g. ~/.local/share/edge-outbox/outbox.db]
+    #[arg(long, value_name = "PATH", conflicts_with = "app")]
+    db: Option<PathBuf>,
+    /// Use the default database of this application name (as `edge_outbox::default_path`)
+    /// [default: edge-outbox]
+    #[arg(long, value_name = "NAME")]
+    app: Option<String>,
+    /// How long to wait for another connection's write lock, in milliseconds [default: 5000]
+    #[arg(long, value_name = "MS")]
+    busy_timeout: Option<u64>,
+}
+
+/// The same options after the command name (`edge-outbox status --db PATH`), where they win.
+#[derive(Debug, Clone, Default, Args)]
+struct Store {
     /// The database file [default: the data directory of --app, e.g.
     /// ~/.local/share/edge-outbox/outbox.db]
     #[arg(long, global = true, value_name = "PATH", conflicts_with = "app")]
+    db: Option<PathBuf>,
+    /// Use the default database of this application name (as `edge_outbox::default_path`)
+    /// [default: edge-outbox]
+    #[arg(long, global = true, value_name = "NAME")]
+    app: Option<String>,
+    /// How long to wait for another connection's write lock, in milliseconds [default: 5000]
+    #[arg(long, global = true, value_name = "MS")]
+    busy_timeout: Option<u64>,
+}
+
+/// What a command runs with: where the database is, how to print.
+#[derive(Debug, Clone)]
+pub struct Global {
+    /// The database file, if named; else the default one of `app`.
     pub db: Option<PathBuf>,
-    /// Use the default database of this application name (as `edge_outbox::default_path`).
-    #[arg(long, global = true, value_name = "NAME", default_value = "edge-outbox")]
+    /// The application name whose default database is used.
     pub app: String,
-    /// Print one JSON document on stdout instead of text.
-    #[arg(long, global = true)]
+    /// One JSON document on stdout instead of text.
     pub json: bool,
     /// How long to wait for another connection's write lock, in milliseconds.
-    #[arg(long, global = true, value_name = "MS", default_value_t = 5000)]
     pub busy_timeout: u64,
+}
+
+impl Global {
+    /// For a command that opens a database: its own options first, then those before it.
+    fn store(json: bool, before: &StoreBefore, after: &Store) -> Global {
+        let (db, app) = if after.db.is_some() || after.app.is_some() {
+            (after.db.clone(), after.app.clone())
+        } else {
+            (before.db.clone(), before.app.clone())
+        };
+        Global {
+            db,
+            app: app.unwrap_or_else(|| "edge-outbox".to_owned()),
+            json,
+            busy_timeout: after.busy_timeout.or(before.busy_timeout).unwrap_or(5000),
+        }
+    }
+
+    /// For a command that opens no database: a database option given before it is a usage
+    /// error, not silently ignored.
+    fn without_store(json: bool, before: &StoreBefore, command: &str) -> Result<Global> {
+        let given = [
+            before.db.as_ref().map(|_| "--db"),
+            before.app.as_ref().map(|_| "--app"),
+            before.busy_timeout.map(|_| "--busy-timeout"),
+        ];
+        if let Some(option) = given.into_iter().flatten().next() {
+            return Err(CliError::usage(format!(
+                "{option} applies to the commands that open a database; {command} opens none"
+            )));
+        }
+        Ok(Global {
+            db: None,
+            app: "edge-outbox".to_owned(),
+            json,
+            busy_timeout: 5000,
+        })
+    }
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Pending messages, oldest age, dead letters, evictions, inbox, sizes, and the relay.
-    Status,
+    Status {
+        #[command(flatten)]
+        store: Store,
+    },
     /// The store's and the running relay's figures in the Prometheus text format.
-    Metrics,
+    Metrics {
+        #[command(flatten)]
+        store: Store,
+    },
     /// Messages waiting to be published, oldest first, payloads decoded to JSON.
-    Pending(pending::PendingArgs),
+    Pending {
+        #[command(flatten)]
+        store: Store,
+        #[command(flatten)]
+        args: pending::PendingArgs,
+    },
     /// Commands received, oldest first (unapplied only unless --all), payloads decoded to JSON.
-    Inbox(inbox::InboxArgs),
+    Inbox {
+        #[command(flatten)]
+        store: Store,
+        #[command(flatten)]
+        args: inbox::InboxArgs,
+    },
     /// Messages and commands set aside for an operator.
-    #[command(subcommand)]
-    DeadLetters(dead_letters::DeadLettersCommand),
+    DeadLetters {
+        #[command(flatten)]
+        store: Store,
+        #[command(subcommand)]
+        command: dead_letters::DeadLettersCommand,
+    },
     /// Remove pending messages unpublished (a topic's, or all); the cloud is told of the gap.
-    Purge(purge::PurgeArgs),
+    Purge {
+        #[command(flatten)]
+        store: Store,
+        #[command(flatten)]
+        args: purge::PurgeArgs,
+    },
     /// Change the keys commands must be signed by (logged); `status` shows them.
     #[cfg(feature = "signed-commands")]
-    #[command(subcommand, name = "trusted-keys")]
-    TrustedKeys(trust::TrustCommand),
+    #[command(name = "trusted-keys")]
+    TrustedKeys {
+        #[command(flatten)]
+        store: Store,
+        #[command(subcommand)]
+        command: trust::TrustCommand,
+    },
     /// Check the database file for damage; with --salvage, move a damaged one aside and salvage it.
-    Doctor(doctor::DoctorArgs),
+    Doctor {
+        #[command(flatten)]
+        store: Store,
+        #[command(flatten)]
+        args: doctor::DoctorArgs,
+    },
     /// Publish the outbox (and receive commands) until SIGINT or SIGTERM.
-    Relay(Box<relay::RelayArgs>),
+    Relay {
+        #[command(flatten)]
+        store: Store,
+        #[command(flatten)]
+        args: Box<relay::RelayArgs>,
+    },
     /// Send a command to a device: a CBOR envelope built from JSON, published at QoS 1.
     #[command(name = "send-command")]
     Send(Box<command::SendArgs>),
@@ -134,30 +244,33 @@ fn main() -> ExitCode {
         // Help and version go to stdout with 0; usage errors to stderr with 2.
         Err(e) => e.exit(),
     };
-    if !matches!(cli.command, Command::Relay(_)) {
+    if !matches!(cli.command, Command::Relay { .. }) {
         // The library logs little below warn; the relay sets its own level.
         logging::init(tracing::level_filters::LevelFilter::WARN);
     }
-    let result = match cli.command {
-        Command::Status => status::run(&cli.global),
-        Command::Metrics => metrics::run(&cli.global),
-        Command::Pending(args) => pending::run(&cli.global, &args),
-        Command::Inbox(args) => inbox::run(&cli.global, &args),
-        Command::DeadLetters(command) => dead_letters::run(&cli.global, &command),
-        Command::Purge(args) => purge::run(&cli.global, &args),
-        Command::Doctor(args) => doctor::run(&cli.global, &args),
+    let (json, before) = (cli.json, &cli.store);
+    let on = |store: &Store| Global::store(json, before, store);
+    let without = |command: &str| Global::without_store(json, before, command);
+    let result = match &cli.command {
+        Command::Status { store } => status::run(&on(store)),
+        Command::Metrics { store } => metrics::run(&on(store)),
+        Command::Pending { store, args } => pending::run(&on(store), args),
+        Command::Inbox { store, args } => inbox::run(&on(store), args),
+        Command::DeadLetters { store, command } => dead_letters::run(&on(store), command),
+        Command::Purge { store, args } => purge::run(&on(store), args),
+        Command::Doctor { store, args } => doctor::run(&on(store), args),
         #[cfg(feature = "signed-commands")]
-        Command::TrustedKeys(command) => trust::run(&cli.global, &command),
-        Command::Consume(args) => consume::run(&cli.global, &args),
-        Command::Relay(args) => relay::run(&cli.global, &args),
-        Command::Send(args) => command::send(&cli.global, &args),
-        Command::Encode(args) => command::encode(&args),
+        Command::TrustedKeys { store, command } => trust::run(&on(store), command),
+        Command::Relay { store, args } => relay::run(&on(store), args),
+        Command::Consume(args) => without("consume").and_then(|g| consume::run(&g, args)),
+        Command::Send(args) => without("send-command").and_then(|g| command::send(&g, args)),
+        Command::Encode(args) => without("encode-command").and_then(|_| command::encode(args)),
         #[cfg(feature = "demo")]
-        Command::Demo => demo::run(&cli.global),
+        Command::Demo => without("demo").and_then(|g| demo::run(&g)),
         #[cfg(feature = "demo")]
-        Command::DemoChild(args) => demo::run_child(&args),
+        Command::DemoChild(args) => demo::run_child(args),
         #[cfg(feature = "demo")]
-        Command::Broker(args) => demo::run_broker(&args),
+        Command::Broker(args) => demo::run_broker(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

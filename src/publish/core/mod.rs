@@ -226,12 +226,7 @@ impl Core {
     /// The next action, deciding more (reading, packing, publishing) once the queued ones are
     /// taken. `now_ms` is the wall clock in Unix ms, for expiry.
     pub(crate) fn poll(&mut self, now: Instant, now_ms: i64) -> Option<Action> {
-        if self.out.is_empty()
-            && self.awaiting.is_none()
-            && self.live.is_some()
-            && !self.stopping
-            && self.paused_until.is_none()
-        {
+        if self.out.is_empty() && self.awaiting.is_none() && self.can_publish() {
             self.fill_window(now, now_ms);
         }
         self.out.pop_front()
@@ -407,15 +402,18 @@ impl Core {
         if let Some((until, _)) = &self.paused_until {
             at(*until);
         }
-        if let Some(until) = self.paced_until {
+        // The pace's deadline, only while a publish could follow it: during an outage, a quota
+        // pause or a stop, a deadline gone by would wake the driver at once, again and again.
+        if let Some(until) = self.paced_until
+            && (self.can_publish() || crate::mutant::active("stale-pace-deadline"))
+        {
             at(until);
         }
         // A lingering batch, while its first row is still next and it could be published (a
         // stale deadline would wake the driver at once, again and again).
         if let Some((seq, until)) = self.linger
             && self.ready.front().is_some_and(|r| r.seq == seq)
-            && !self.stopping
-            && self.paused_until.is_none()
+            && self.can_publish()
             && self
                 .live
                 .as_ref()
@@ -424,6 +422,11 @@ impl Core {
             at(until);
         }
         next
+    }
+
+    /// Whether [`Core::poll`] could hand anything over now: connected, not paused, not stopping.
+    fn can_publish(&self) -> bool {
+        self.live.is_some() && !self.stopping && self.paused_until.is_none()
     }
 
     /// Rows handed over and not yet acknowledged.

@@ -246,6 +246,8 @@ fn run(ops: &[Op], paced: bool, batched: bool) -> Result<(), TestCaseError> {
     let mut ledger = Ledger::new();
     for (step, op) in ops.iter().enumerate() {
         apply(&mut world, &mut ledger, op)
+            .and_then(|()| world.settle_timers().map_err(TestCaseError::fail))
+            .and_then(|()| ledger.take_in(&world))
             .map_err(|e| TestCaseError::fail(format!("step {step} ({op:?}): {e}")))?;
     }
     ledger.drain(&mut world)?;

@@ -286,6 +286,30 @@ impl World {
         }
     }
 
+    /// Wakes the core as the publisher does when its timer falls due, until its next deadline
+    /// lies ahead. One that stays at or before now is a driver waking at once, again and again,
+    /// with nothing to do: a spinning thread on a device.
+    pub fn settle_timers(&mut self) -> Result<(), String> {
+        for _ in 0..3 {
+            match self.core.next_timeout() {
+                Some(due) if due <= self.now => {
+                    self.core.on_tick(self.now);
+                    self.core.on_idle();
+                    self.drive();
+                }
+                _ => return Ok(()),
+            }
+        }
+        let late = self
+            .core
+            .next_timeout()
+            .map_or(Duration::ZERO, |due| self.now.duration_since(due));
+        Err(format!(
+            "the core asks to be woken at a deadline {late:?} gone by, again and again, with \
+             nothing to do"
+        ))
+    }
+
     pub fn advance(&mut self, by: Duration) {
         self.now += by;
         self.wall_shift = self.wall_shift.saturating_add(crate::time::ms(by));
