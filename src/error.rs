@@ -91,13 +91,19 @@ pub enum Error {
     NoDataDir,
     /// A background thread panicked. This is a bug in edge-outbox: please report it.
     Panicked(String),
-    /// A command handler refused a command for good: it is dead-lettered at once with this
-    /// reason, never retried, and the commands behind it run. Return it from a handler (see
-    /// [`Error::reject`]); [`Command::payload_as`](crate::Command::payload_as) returns it for a
-    /// payload that does not match the expected type, since decoding it again cannot succeed.
+    /// A command handler refused a command for good: it is marked rejected at once with this
+    /// reason (counted apart from the dead letters: nothing for an operator to do), never
+    /// retried, and the commands behind it run. Return it from a handler (see [`Error::reject`]);
+    /// [`Command::payload_as`](crate::Command::payload_as) returns it for a payload that does not
+    /// match the expected type, since decoding it again cannot succeed. With a reply
+    /// ([`Error::with_reply`]), the reply is published in the transaction that records the
+    /// rejection: once, and only if the rejection is recorded.
+    #[non_exhaustive]
     CommandRejected {
         /// Why the command can never be applied.
         reason: String,
+        /// What to publish with the rejection, to tell the sender ([`Error::with_reply`]).
+        reply: Option<Box<crate::Message>>,
     },
     /// A write (or [`Outbox::apply_next`](crate::Outbox::apply_next)) was called from inside a
     /// command handler while the handler's transaction holds the database's write lock: it could
@@ -147,6 +153,47 @@ impl Error {
     pub fn reject(reason: impl fmt::Display) -> Self {
         Error::CommandRejected {
             reason: reason.to_string(),
+            reply: None,
+        }
+    }
+
+    /// Gives a rejection ([`Error::reject`], or the one [`Command::payload_as`](crate::Command::payload_as)
+    /// returns) a reply: a message published in the same transaction that records the rejection,
+    /// so the sender learns of it exactly when the device does, once. The rejecting handler's own
+    /// transaction rolls back, so this is the one way to answer a rejected command. Any other
+    /// error is returned unchanged: a failure that will be retried has nothing to answer yet.
+    ///
+    /// A reply that cannot be published (over a limit, a bad topic) does not stop the rejection:
+    /// it is recorded with the reason and why the reply was not sent.
+    ///
+    /// ```
+    /// use edge_outbox::{ApplyOutcome, Envelope, Error, Message, MessageId, Outbox};
+    ///
+    /// # let dir = tempfile::tempdir().expect("temp dir");
+    /// let outbox = Outbox::open(dir.path().join("device.db"))?;
+    /// let id = MessageId::new_v7();
+    /// outbox.receive("pumps/p1/set", &Envelope::command(id, "pump-1", &250)?.encode())?;
+    ///
+    /// let outcome = outbox.apply_next(|_tx, cmd| {
+    ///     let rate: i64 = cmd.payload_as()?;
+    ///     if rate > 100 {
+    ///         let answer = Message::new("pumps/p1/replies", &cmd.key, &format!("{}: rate above 100", cmd.id))?;
+    ///         return Err(Error::reject("rate above 100").with_reply(answer));
+    ///     }
+    ///     Ok(())
+    /// })?;
+    /// assert!(matches!(outcome, ApplyOutcome::Rejected { reply: Some(_), .. }));
+    /// assert_eq!(outbox.stats()?.inbox_rejected, 1);
+    /// assert_eq!(outbox.stats()?.dead_letters, 0);
+    /// # Ok::<(), edge_outbox::Error>(())
+    /// ```
+    pub fn with_reply(self, reply: crate::Message) -> Self {
+        match self {
+            Error::CommandRejected { reason, .. } => Error::CommandRejected {
+                reason,
+                reply: Some(Box::new(reply)),
+            },
+            other => other,
         }
     }
 
@@ -228,9 +275,9 @@ impl fmt::Display for Error {
                 f,
                 "thread {thread} panicked (a bug in edge-outbox: please report it)"
             ),
-            Error::CommandRejected { reason } => write!(
+            Error::CommandRejected { reason, .. } => write!(
                 f,
-                "command rejected by its handler: {reason} (dead-lettered, not retried)"
+                "command rejected by its handler: {reason} (marked rejected, not retried)"
             ),
             Error::InsideCommandHandler { operation } => write!(
                 f,

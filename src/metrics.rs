@@ -106,6 +106,12 @@ pub fn encode(stats: &Stats, relay: Option<&RelayReport>) -> String {
     );
     gauge(
         &mut r,
+        "inbox_rejected_kept",
+        "Commands their handler rejected, kept for the retention (not dead letters)",
+        stats.inbox_rejected,
+    );
+    gauge(
+        &mut r,
         "relay_up",
         "1 while a relay reports on this database",
         u64::from(relay.is_some()),

@@ -32,6 +32,15 @@ pub const MUTANTS: &[&str] = &[
 /// with the mutant on and fails unless its scenario fails on its own verdict). They are not in
 /// [`MUTANTS`]: the crash harness is not expected to catch them.
 pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
+    // A rejection's reply is published in a transaction of its own, ahead of the rejection's
+    // guarded record: an attempt recovered meanwhile still answers, and one rejection gets two
+    // replies.
+    ("rejection-reply-apart", "tests/command_rejection.rs"),
+    // A rejected command is copied into the dead letters as well: the alert on dead letters
+    // fires for every command the cloud sends wrong.
+    ("rejection-dead-lettered", "tests/command_rejection.rs"),
+    // A retried outgoing dead letter goes back in lane 0, with no lifetime, not evictable.
+    ("retry-loses-settings", "tests/outbox_dead_letter_retry.rs"),
     // Receiving verifies with the handle's own keys only, not the file's: a keyless handle (the
     // CLI's retry) stores unsigned commands.
     ("handle-keys-only", "tests/signed_any_handle.rs"),

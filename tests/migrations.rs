@@ -427,8 +427,65 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
     Ok(())
 }
 
-/// Undoes migration 7 on `conn`'s file: what a version 6 build left.
+/// Undoes migration 8 on `conn`'s file: what a version 7 build left, its rejections written as
+/// version 7 wrote them (dead, and copied into the dead letters).
+fn down_to_7(conn: &rusqlite::Connection) -> TestResult {
+    conn.execute_batch(
+        "INSERT INTO dead_letters (origin, message_id, topic, key, payload, event_type, headers,
+                                   reason, attempts, created_at)
+             SELECT 'inbox', id, topic, key, payload, event_type, headers, last_error, attempts, received_at
+             FROM inbox WHERE rejected = 1;
+         DROP INDEX inbox_rejected;
+         ALTER TABLE inbox DROP COLUMN rejected;
+         ALTER TABLE dead_letters DROP COLUMN priority;
+         ALTER TABLE dead_letters DROP COLUMN coalescing;
+         ALTER TABLE dead_letters DROP COLUMN expires_at;
+         ALTER TABLE dead_letters DROP COLUMN evictable;
+         UPDATE edge_outbox_meta SET value = 7 WHERE name = 'schema_version';",
+    )?;
+    Ok(())
+}
+
+/// A version 7 file is migrated to version 8 in place: its rejected commands are counted apart
+/// from the dead letters (their dead letters go, the inbox rows keep everything), a handler's
+/// failure stays a dead letter, and it has the shape of a file this build creates.
+#[test]
+fn a_version_7_file_counts_its_rejections_apart_from_dead_letters() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    let (rejected, failed) = (edge_outbox::MessageId::new_v7(), edge_outbox::MessageId::new_v7());
+    {
+        let outbox = Outbox::open_with(&path, Options::new().max_attempts(1))?;
+        outbox.receive("cmd", &common::command_bytes(rejected, "a", &3)?)?;
+        outbox.receive("cmd", &common::command_bytes(failed, "b", &4)?)?;
+        outbox.apply_next(|_tx, _cmd| Err::<(), _>(Error::reject("never")))?;
+        outbox.apply_next(|_tx, _cmd| Err::<(), _>("sensor busy"))?;
+        drop(outbox);
+        let conn = rusqlite::Connection::open(&path)?;
+        down_to_7(&conn)?;
+        let dead: i64 = conn.query_row("SELECT count(*) FROM dead_letters", [], |r| r.get(0))?;
+        assert_eq!(dead, 2, "version 7 wrote both as dead letters");
+    }
+    let outbox = Outbox::open(&path)?;
+    assert_eq!(schema_version(&outbox)?, SCHEMA_VERSION);
+    let stats = outbox.stats()?;
+    assert_eq!((stats.inbox_rejected, stats.dead_letters), (1, 1), "{stats:?}");
+    let dead = outbox.dead_letters(10)?;
+    assert_eq!(dead[0].message_id, Some(failed));
+    assert_eq!(
+        query_i64(
+            &outbox,
+            "SELECT count(*) FROM inbox WHERE rejected = 1 AND payload IS NOT NULL"
+        )?,
+        1
+    );
+    let (_fresh_dir, fresh_path) = temp_db()?;
+    assert_eq!(shape(&outbox)?, shape(&Outbox::open(&fresh_path)?)?);
+    Ok(())
+}
+
+/// Undoes migrations 8 and 7 on `conn`'s file: what a version 6 build left.
 fn down_to_6(conn: &rusqlite::Connection) -> TestResult {
+    down_to_7(conn)?;
     conn.execute_batch(
         "DROP TRIGGER dead_letters_refused_insert;
          DROP TRIGGER dead_letters_refused_delete;

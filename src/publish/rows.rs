@@ -284,8 +284,9 @@ pub(crate) fn dead_letter(conn: &mut Connection, bad: &[Unpublishable]) -> Resul
         gaps::record(&tx, b.seq, b.seq, Removal::DeadLettered, Some(&b.reason))?;
         tx.execute(
             "INSERT INTO dead_letters (origin, message_id, topic, key, payload, event_type, headers,
-                                       reason, created_at)
-             SELECT 'outbox', id, topic, key, payload, event_type, headers, ?2, created_at
+                                       reason, created_at, priority, coalescing, expires_at, evictable)
+             SELECT 'outbox', id, topic, key, payload, event_type, headers, ?2, created_at,
+                    priority, coalescing, expires_at, evictable
              FROM outbox WHERE seq = ?1",
             params![b.seq, b.reason],
         )?;

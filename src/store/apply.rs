@@ -32,7 +32,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, 
 use super::gate;
 use super::inbox::{ApplyOutcome, Command};
 use super::options::Options;
-use super::outbox::Tx;
+use super::outbox::{self, Message, Tx};
 use super::reentry;
 use crate::cbor::Reader;
 use crate::envelope::{MessageId, decode_headers};
@@ -61,8 +61,11 @@ pub(crate) struct Applier<'a> {
 pub(crate) enum Failure {
     /// Try again after a backoff (until the attempts are used up).
     Retry(String),
-    /// Never again: dead-letter now ([`Error::CommandRejected`]).
-    Reject(String),
+    /// Never again: mark it rejected now ([`Error::CommandRejected`]), publishing its reply.
+    Reject {
+        reason: String,
+        reply: Option<Box<Message>>,
+    },
 }
 
 impl Failure {
@@ -81,7 +84,10 @@ impl Failure {
                     .and_then(|b| b.downcast_ref::<Error>())
             });
         match ours {
-            Some(Error::CommandRejected { reason }) => Failure::Reject(reason.clone()),
+            Some(Error::CommandRejected { reason, reply }) => Failure::Reject {
+                reason: reason.clone(),
+                reply: reply.clone(),
+            },
             _ => Failure::Retry(e.to_string()),
         }
     }
@@ -307,21 +313,29 @@ pub(crate) fn fail(
 ) -> Result<ApplyOutcome> {
     let id = claim.command.id;
     let attempts = claim.command.attempts + 1;
-    let (error, rejected) = match failure {
-        Failure::Retry(e) => (e, false),
-        Failure::Reject(reason) => (format!("rejected by the handler: {reason}"), true),
+    let (mut error, rejected, reply) = match failure {
+        Failure::Retry(e) => (e, false, None),
+        Failure::Reject { reason, reply } => (format!("rejected by the handler: {reason}"), true, reply),
     };
     let dead = rejected || attempts >= a.options.max_attempts;
     let retry_in = a.options.backoff_after(attempts);
     let now = now_ms();
     let _turn = gate::enter(conn, a.options.busy_timeout)?;
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let apart = crate::mutant::active("rejection-reply-apart");
+    let mut replied = None;
+    if apart && let Some(message) = &reply {
+        // The mutant: the reply in a transaction of its own, ahead of the guarded mark.
+        replied = publish_reply(&tx, a, message, &mut error)?;
+        tx.commit()?;
+        tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    }
     // Guarded by the claim: if this attempt was recovered as abandoned meanwhile, that recovery
     // already counted it.
     let changed = tx.execute(
         "UPDATE inbox SET last_error = ?2, next_attempt_at = ?3, dead_at = CASE WHEN ?4 THEN ?5 END,
                 done_uptime = CASE WHEN ?4 THEN (SELECT value FROM edge_outbox_meta WHERE name = 'uptime_ms') END,
-                attempt_started_at = NULL, claimed_by = NULL
+                rejected = ?8, attempt_started_at = NULL, claimed_by = NULL
          WHERE seq = ?1 AND applied_at IS NULL AND dead_at IS NULL
            AND attempt_started_at = ?6 AND claimed_by = ?7",
         params![
@@ -331,11 +345,24 @@ pub(crate) fn fail(
             dead,
             now,
             claim.started_at,
-            a.owner
+            a.owner,
+            rejected
         ],
     )?;
-    if changed == 1 && dead {
+    if changed == 1 && (dead && !rejected || rejected && crate::mutant::active("rejection-dead-lettered")) {
         dead_letter(&tx, claim.seq)?;
+    }
+    if changed == 1
+        && !apart
+        && let Some(message) = &reply
+    {
+        replied = publish_reply(&tx, a, message, &mut error)?;
+        if replied.is_none() {
+            tx.execute(
+                "UPDATE inbox SET last_error = ?2 WHERE seq = ?1",
+                params![claim.seq, error],
+            )?;
+        }
     }
     tx.commit()?;
     if changed != 1 {
@@ -343,8 +370,13 @@ pub(crate) fn fail(
         return Ok(ApplyOutcome::Idle { next_due: None });
     }
     Ok(if rejected {
-        tracing::warn!(%id, attempts, %error, "command rejected and dead-lettered");
-        ApplyOutcome::Rejected { id, attempts, error }
+        tracing::warn!(%id, attempts, %error, reply = ?replied, "command rejected");
+        ApplyOutcome::Rejected {
+            id,
+            attempts,
+            error,
+            reply: replied,
+        }
     } else if dead {
         tracing::warn!(%id, attempts, %error, "command dead-lettered after its last attempt");
         ApplyOutcome::DeadLettered { id, attempts, error }
@@ -417,6 +449,32 @@ fn recover(tx: &Transaction<'_>, options: &Options, filter: &str, arg: impl rusq
         }
     }
     Ok(dead_count)
+}
+
+/// Publishes a rejection's reply in `tx`, the transaction that records the rejection. One that
+/// cannot be published (over a limit, a bad topic) leaves nothing behind and says why in `error`:
+/// the rejection stands either way. Fails only if the savepoint itself fails, and then the whole
+/// transaction must go.
+fn publish_reply(
+    tx: &Transaction<'_>,
+    a: &Applier<'_>,
+    reply: &Message,
+    error: &mut String,
+) -> Result<Option<MessageId>> {
+    // A savepoint: a reply refused after making room (evicting) takes its evictions back too.
+    tx.execute_batch("SAVEPOINT reply")?;
+    match outbox::enqueue(tx, &a.options.limits, reply) {
+        Ok(id) => {
+            tx.execute_batch("RELEASE reply")?;
+            Ok(Some(id))
+        }
+        Err(e) => {
+            tx.execute_batch("ROLLBACK TO reply; RELEASE reply")?;
+            tracing::warn!(error = %e, "a rejection's reply could not be published");
+            error.push_str(&format!(" (its reply was not published: {e})"));
+            Ok(None)
+        }
+    }
 }
 
 /// Copies a command that just died into the dead letters, with its last error as the reason.

@@ -77,11 +77,11 @@ impl Command {
     /// # Ok::<(), edge_outbox::Error>(())
     /// ```
     pub fn payload_as<T: DeserializeOwned>(&self) -> Result<T> {
-        from_cbor(&self.payload).map_err(|e| Error::CommandRejected {
-            reason: match e {
+        from_cbor(&self.payload).map_err(|e| {
+            Error::reject(match e {
                 Error::Decode(why) => why,
                 other => other.to_string(),
-            },
+            })
         })
     }
 }
@@ -108,15 +108,18 @@ pub enum ApplyOutcome {
         /// When it becomes due again.
         retry_in: Duration,
     },
-    /// The handler rejected the command for good ([`Error::CommandRejected`]): it is in the dead
-    /// letters at once, and no longer blocks the commands behind it.
+    /// The handler rejected the command for good ([`Error::CommandRejected`]): it is marked
+    /// rejected at once (counted in [`Stats::inbox_rejected`](crate::Stats::inbox_rejected), not
+    /// a dead letter), and no longer blocks the commands behind it.
     Rejected {
         /// The command.
         id: MessageId,
         /// Attempts made, this one included.
         attempts: u32,
-        /// The handler's reason.
+        /// The handler's reason (and, if its reply could not be published, why).
         error: String,
+        /// The reply published with the rejection ([`Error::with_reply`]), if any.
+        reply: Option<MessageId>,
     },
     /// The handler failed for the last allowed time; the command is in the dead letters and no
     /// longer blocks the commands behind it.
@@ -138,6 +141,7 @@ pub enum ApplyOutcome {
 impl ApplyOutcome {
     pub(crate) fn published(&self) -> bool {
         matches!(self, ApplyOutcome::Applied { published, .. } if *published > 0)
+            || matches!(self, ApplyOutcome::Rejected { reply: Some(_), .. })
     }
 }
 

@@ -59,13 +59,46 @@ pub(crate) fn retry(conn: &mut Connection, options: &Options, dl_id: i64) -> Res
         }
         // Input that never made it into the inbox: receive it again (limits may have changed).
         ("inbox", None) => receive_again(&tx, options, dl_id, &topic, raw.as_deref())?,
-        // An outgoing message: queue it again with its id, behind what is pending now.
+        // An outgoing message: queue it again with its id, behind what is pending now, in its
+        // lane, with its lifetime (counted from when it was written) and evictability.
         _ => {
-            tx.execute(
-                "INSERT INTO outbox (id, topic, key, payload, event_type, headers, created_at)
-                 SELECT message_id, topic, key, payload, event_type, headers, coalesce(created_at, dead_at)
-                 FROM dead_letters WHERE dl_id = ?1",
+            // A latest-value reading put back behind a newer one of its topic and key would be
+            // published last, and the cloud would keep the stale value.
+            let newer: bool = tx.query_row(
+                "SELECT EXISTS (SELECT 1 FROM dead_letters d JOIN outbox o ON o.topic = d.topic AND o.key = d.key
+                                WHERE d.dl_id = ?1 AND d.coalescing = 1 AND o.coalescing = 1)",
                 [dl_id],
+                |r| r.get(0),
+            )?;
+            if newer {
+                return Err(Error::RetryRefused {
+                    dead_letter_id: dl_id,
+                    reason: "a newer value of its topic and key is pending (it is a coalescing \
+                             message): drop the dead letter"
+                        .into(),
+                });
+            }
+            // Inserted as not coalescing, then marked: the insert trigger would otherwise replace
+            // the values of its key pending now, all newer than it.
+            tx.execute(
+                if crate::mutant::active("retry-loses-settings") {
+                    "INSERT INTO outbox (id, topic, key, payload, event_type, headers, created_at)
+                     SELECT message_id, topic, key, payload, event_type, headers, coalesce(created_at, dead_at)
+                     FROM dead_letters WHERE dl_id = ?1"
+                } else {
+                    "INSERT INTO outbox (id, topic, key, payload, event_type, headers, created_at,
+                                         priority, expires_at, evictable)
+                     SELECT message_id, topic, key, payload, event_type, headers, coalesce(created_at, dead_at),
+                            priority, expires_at, evictable
+                     FROM dead_letters WHERE dl_id = ?1"
+                },
+                [dl_id],
+            )?;
+            let seq = tx.last_insert_rowid();
+            tx.execute(
+                "UPDATE outbox SET coalescing = 1
+                 WHERE seq = ?1 AND (SELECT coalescing FROM dead_letters WHERE dl_id = ?2) = 1",
+                [seq, dl_id],
             )?;
         }
     }

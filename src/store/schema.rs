@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use crate::error::{Error, Result};
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Column default for "now" in Unix milliseconds. `julianday` works in every SQLite a foreign
 /// writer may link (Debian's Python ships 3.40), unlike `unixepoch('subsec')` (3.42+).
@@ -21,7 +21,7 @@ macro_rules! now_ms_sql {
 }
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
 
 /// Version 1: the outbox, the inbox, dead letters.
 const V1: &str = concat!(
@@ -316,6 +316,28 @@ BEGIN
 END;
 "
 );
+
+/// Version 8: a command its handler rejected is finished, not set aside: it is counted apart from
+/// the dead letters (an operator has nothing to do about it; the cloud is told by the handler's
+/// reply). An outgoing dead letter keeps its lane, coalescing, lifetime and evictability, so a
+/// retry puts it back as it was written.
+const V8: &str = "
+-- 1: rejected by its handler (Error::reject). Finished like a dead command (dead_at set), but not
+-- copied into dead_letters; its id is kept for the retention like an applied one's.
+ALTER TABLE inbox ADD COLUMN rejected INTEGER NOT NULL DEFAULT 0 CHECK (rejected IN (0, 1));
+CREATE INDEX inbox_rejected ON inbox (seq) WHERE rejected = 1;
+-- Rejections of earlier versions: counted apart too. Their dead letters go (the inbox row keeps
+-- topic, key, payload and reason until the retention prunes it).
+UPDATE inbox SET rejected = 1
+    WHERE dead_at IS NOT NULL AND applied_at IS NULL AND last_error LIKE 'rejected by the handler: %';
+DELETE FROM dead_letters WHERE origin = 'inbox' AND refused = 0
+    AND message_id IN (SELECT id FROM inbox WHERE rejected = 1);
+-- An outgoing message's settings, put back as they were when it is retried.
+ALTER TABLE dead_letters ADD COLUMN priority INTEGER NOT NULL DEFAULT 0 CHECK (priority BETWEEN 0 AND 3);
+ALTER TABLE dead_letters ADD COLUMN coalescing INTEGER NOT NULL DEFAULT 0 CHECK (coalescing IN (0, 1));
+ALTER TABLE dead_letters ADD COLUMN expires_at INTEGER;
+ALTER TABLE dead_letters ADD COLUMN evictable INTEGER NOT NULL DEFAULT 0 CHECK (evictable IN (0, 1));
+";
 
 /// The column default that mints a message id for a foreign writer: 16 random bytes with the
 /// UUID version (4) and variant (10xx) bits set. SQLite before 3.41 has no `unhex`, so the two

@@ -45,6 +45,11 @@ pub struct Stats {
     pub inbox_unapplied: u64,
     /// Applied command ids retained to recognise redeliveries.
     pub inbox_applied: u64,
+    /// Commands their handler rejected ([`Error::reject`](crate::Error::reject)), kept for the
+    /// retention like applied ones (schema version 8). Not dead letters: the sender is answered
+    /// by the handler's reply, and an operator has nothing to do. A steady rise means the cloud
+    /// sends commands this device's handler refuses.
+    pub inbox_rejected: u64,
     /// The epoch new messages are numbered in (the envelope's `ep`; see [`Outbox::epoch`](crate::Outbox::epoch)).
     pub epoch: u64,
     /// Messages removed unpublished (evicted, expired, dead-lettered, purged) whose gap notice the
@@ -105,6 +110,11 @@ fn read_now(conn: &Connection) -> Result<Stats> {
         refusals_evicted: refusals.evicted,
         inbox_unapplied: count("SELECT count(*) FROM inbox WHERE applied_at IS NULL AND dead_at IS NULL")?,
         inbox_applied: count("SELECT count(*) FROM inbox WHERE applied_at IS NOT NULL")?,
+        inbox_rejected: if version >= 8 {
+            count("SELECT count(*) FROM inbox WHERE rejected = 1")?
+        } else {
+            0
+        },
         // A file not yet migrated (read by the CLI, read-only) has neither.
         epoch: if v5 { super::epoch::current(conn)? } else { 0 },
         gaps_unannounced: if v5 {
@@ -120,7 +130,7 @@ fn read_now(conn: &Connection) -> Result<Stats> {
 
 /// One line for a log or a terminal:
 /// `12 pending (3456 B, oldest 5.2s), 0 evicted, 0 dead letters, inbox 0 unapplied / 1 applied`,
-/// then `, 7 coalesced`, `, 40 refusals evicted`, `, 2 gaps to announce` and `, salvaged 1 times`
+/// then ` / 2 rejected` (commands), `, 7 coalesced`, `, 40 refusals evicted`, `, 2 gaps to announce` and `, salvaged 1 times`
 /// when there are any.
 ///
 /// ```
@@ -143,6 +153,9 @@ impl std::fmt::Display for Stats {
             "), {} evicted, {} dead letters, inbox {} unapplied / {} applied",
             self.evicted, self.dead_letters, self.inbox_unapplied, self.inbox_applied
         )?;
+        if self.inbox_rejected > 0 {
+            write!(f, " / {} rejected", self.inbox_rejected)?;
+        }
         // What the cloud has not been told yet, and a past salvage: only when there is any.
         if self.coalesced > 0 {
             write!(f, ", {} coalesced", self.coalesced)?;

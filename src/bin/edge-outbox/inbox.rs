@@ -16,14 +16,23 @@ pub struct InboxArgs {
     /// Show at most this many commands.
     #[arg(long, value_name = "N", default_value_t = 50)]
     pub limit: u32,
-    /// Also show applied and dead-lettered commands (applied ones keep their payload only with
-    /// `Options::keep_applied_payloads`).
+    /// Also show applied, rejected and dead-lettered commands (applied ones keep their payload
+    /// only with `Options::keep_applied_payloads`).
     #[arg(long)]
     pub all: bool,
 }
 
 const COLUMNS: &str = "seq, id, topic, key, payload, event_type, headers, source, received_at, \
                        applied_at, dead_at, attempts, next_attempt_at, last_error";
+
+/// `rejected` came with schema version 8; a file not yet migrated (the CLI reads without
+/// migrating) has none, and its rejections read as dead.
+fn rejected_column(conn: &Connection) -> &'static str {
+    match edge_outbox::schema_version(conn) {
+        Ok(v) if v >= 8 => "rejected",
+        _ => "0",
+    }
+}
 
 pub fn run(global: &Global, args: &InboxArgs) -> Result<()> {
     let path = db::path(global)?;
@@ -72,11 +81,12 @@ fn read(conn: &Connection, args: &InboxArgs) -> rusqlite::Result<(u64, Vec<Json>
         |r| r.get(0),
     )?;
     // Separate statements so the unapplied listing uses its partial index.
+    let rejected = rejected_column(&tx);
     let sql = if args.all {
-        format!("SELECT {COLUMNS} FROM inbox ORDER BY seq LIMIT ?1")
+        format!("SELECT {COLUMNS}, {rejected} FROM inbox ORDER BY seq LIMIT ?1")
     } else {
         format!(
-            "SELECT {COLUMNS} FROM inbox WHERE applied_at IS NULL AND dead_at IS NULL ORDER BY seq LIMIT ?1"
+            "SELECT {COLUMNS}, {rejected} FROM inbox WHERE applied_at IS NULL AND dead_at IS NULL ORDER BY seq LIMIT ?1"
         )
     };
     let now = now_ms();
@@ -94,9 +104,11 @@ fn command(r: &Row<'_>, now: i64) -> rusqlite::Result<Json> {
     let applied: Option<i64> = r.get(9)?;
     let dead: Option<i64> = r.get(10)?;
     let next_attempt: i64 = r.get(12)?;
+    let rejected: bool = r.get(14)?;
     // `backoff`: a handler failed and the command waits before its next attempt.
     let state = match (applied, dead) {
         (Some(_), _) => "applied",
+        (None, Some(_)) if rejected => "rejected",
         (None, Some(_)) => "dead",
         (None, None) if next_attempt > now => "backoff",
         (None, None) => "unapplied",

@@ -151,7 +151,11 @@ fn to_json(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
             "kept_bytes": c.stats.refusals_kept_bytes,
             "evicted": c.stats.refusals_evicted,
         },
-        "inbox": { "unapplied": c.stats.inbox_unapplied, "applied": c.stats.inbox_applied },
+        "inbox": {
+            "unapplied": c.stats.inbox_unapplied,
+            "applied": c.stats.inbox_applied,
+            "rejected": c.stats.inbox_rejected,
+        },
         "relay": {
             "running": relay.running(),
             "pid": pid,
@@ -221,8 +225,8 @@ fn to_text(path: &Path, c: &Counters, (file, wal): (u64, u64), relay: &Relay) ->
             }
         ),
         format!(
-            "inbox         {} unapplied, {} applied (ids kept for deduplication)",
-            c.stats.inbox_unapplied, c.stats.inbox_applied
+            "inbox         {} unapplied, {} applied, {} rejected (ids kept for deduplication)",
+            c.stats.inbox_unapplied, c.stats.inbox_applied, c.stats.inbox_rejected
         ),
     ];
     lines.extend(relay_lines(relay));
