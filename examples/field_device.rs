@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use edge_outbox::{Error, MqttConfig, Outbox, Relay, RelayConfig};
+use edge_outbox::{Error, Message, MqttConfig, Outbox, Relay, RelayConfig};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
@@ -57,11 +57,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let relay = Relay::start_with_handler(&outbox, config, |tx, cmd| {
         let interval_ms: i64 = cmd.payload_as()?;
         if !(100..=3_600_000).contains(&interval_ms) {
-            // It can never work: rejected for good (dead-lettered at once, and the next command
-            // runs). Any other error is retried with backoff, then dead-lettered.
-            return Err(Error::reject(format!(
-                "interval {interval_ms} ms is out of range (100 ms to 1 h)"
-            )));
+            // It can never work: rejected for good (marked rejected at once, not a dead letter,
+            // and the next command runs), with a reply that tells the sender, published with the
+            // rejection. Any other error is retried with backoff, then dead-lettered.
+            let why = format!("interval {interval_ms} ms is out of range (100 ms to 1 h)");
+            let reply = Message::new(
+                "devices/pump-17/events",
+                "settings",
+                &("rejected", cmd.id.to_string(), why.as_str()),
+            )?;
+            return Err(Error::reject(why).with_reply(reply));
         }
         tx.execute(
             "UPDATE settings SET value = ?1 WHERE name = 'interval_ms'",
