@@ -5,7 +5,8 @@
 //!
 //! `EDGE_OUTBOX_FAILPOINT=name` aborts at the first hit of `name`; `name:N` at the N-th;
 //! `name:N:panic` panics the hitting thread instead (a bug in one relay thread, which the rest of
-//! the process must notice).
+//! the process must notice); `name:N:hang` stops the hitting thread for good, alive and doing
+//! nothing (a deadlock, or a system call that never returns: what a watchdog is for).
 
 /// Every failpoint name, so a test can check it named one that exists.
 pub const FAILPOINTS: &[&str] = &[
@@ -27,25 +28,34 @@ pub const FAILPOINTS: &[&str] = &[
 pub fn hit(name: &str) {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU64, Ordering};
-    static ARMED: OnceLock<Option<(String, u64, bool)>> = OnceLock::new();
+    static ARMED: OnceLock<Option<(String, u64, Option<String>)>> = OnceLock::new();
     static HITS: AtomicU64 = AtomicU64::new(0);
     let armed = ARMED.get_or_init(|| {
         let spec = std::env::var("EDGE_OUTBOX_FAILPOINT").ok()?;
         let mut parts = spec.split(':');
         let name = parts.next()?.to_owned();
         let nth: u64 = parts.next().and_then(|k| k.parse().ok()).unwrap_or(1);
-        let panic = parts.next() == Some("panic");
-        Some((name, nth.max(1), panic))
+        let action = parts.next().map(str::to_owned);
+        Some((name, nth.max(1), action))
     });
-    if let Some((armed, nth, panic)) = armed
+    if let Some((armed, nth, action)) = armed
         && armed == name
         && HITS.fetch_add(1, Ordering::SeqCst) + 1 == *nth
     {
-        if *panic {
-            #[allow(clippy::panic, reason = "a panic is what this failpoint injects")]
-            {
-                panic!("failpoint {name} hit");
+        match action.as_deref() {
+            Some("panic") => {
+                #[allow(clippy::panic, reason = "a panic is what this failpoint injects")]
+                {
+                    panic!("failpoint {name} hit");
+                }
             }
+            Some("hang") => {
+                eprintln!("edge-outbox: failpoint {name} hit: this thread hangs");
+                loop {
+                    std::thread::park();
+                }
+            }
+            _ => {}
         }
         eprintln!("edge-outbox: failpoint {name} hit: aborting");
         std::process::abort();

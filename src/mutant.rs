@@ -39,6 +39,9 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // A rejected command is copied into the dead letters as well: the alert on dead letters
     // fires for every command the cloud sends wrong.
     ("rejection-dead-lettered", "tests/command_rejection.rs"),
+    // `edge-outbox relay` pings the service manager's watchdog whatever its publishing thread
+    // does: a wedged relay is never restarted.
+    ("watchdog-ignores-heartbeat", "tests/systemd_notify.rs"),
     // A retried outgoing dead letter goes back in lane 0, with no lifetime, not evictable.
     ("retry-loses-settings", "tests/outbox_dead_letter_retry.rs"),
     // Receiving verifies with the handle's own keys only, not the file's: a keyless handle (the

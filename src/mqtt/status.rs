@@ -110,6 +110,13 @@ pub struct Status {
     /// The relay's own syncs of the WAL file, its durability barrier: one per read that found
     /// rows whose commit may not be on stable storage yet (SQLite's own syncs are not counted).
     pub wal_syncs: u64,
+    /// How long ago the publishing thread last went round its loop; `None` before its first
+    /// pass. While the thread runs it passes at least once per poll (at most 2 s apart with the
+    /// file watched, else [`RelayConfig::poll_interval`](crate::RelayConfig::poll_interval)), plus
+    /// the time one step of its work takes (a database read that waits out the busy timeout at
+    /// worst), idle or not. An age far above that means the thread is wedged: the figure a
+    /// watchdog checks (`edge-outbox relay` sends systemd's `WATCHDOG=1` only while it is low).
+    pub publisher_heartbeat_age: Option<Duration>,
     /// The store's counters.
     pub store: Stats,
 }
@@ -180,6 +187,8 @@ pub(crate) struct StatusCell {
     disconnected_since_ms: AtomicU64,
     /// Unix ms of the last accepted PUBACK; 0: none yet.
     last_ack_ms: AtomicU64,
+    /// [`monotonic_ms`] of the publishing thread's last pass through its loop; 0: none yet.
+    publisher_beat_ms: AtomicU64,
     /// Something changed since the reporter last looked (see [`StatusCell::changes`]).
     dirty: AtomicBool,
     changed: OnceLock<Sender<()>>,
@@ -223,6 +232,16 @@ fn unix_ms_now() -> u64 {
     SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1))
+}
+
+/// Milliseconds on the monotonic clock since this process first asked (never 0): a heartbeat's
+/// age must not jump with the wall clock.
+fn monotonic_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let start = *START.get_or_init(Instant::now);
+    u64::try_from(start.elapsed().as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
 }
 
 fn from_unix_ms(ms: u64) -> Option<SystemTime> {
@@ -447,6 +466,12 @@ impl StatusCell {
     }
 
     /// The relay synced the WAL file itself (its durability barrier).
+    /// The publishing thread went round its loop. Not a change for the reporter: it happens
+    /// on every pass, idle or not.
+    pub(crate) fn beat(&self) {
+        self.publisher_beat_ms.store(monotonic_ms(), Relaxed);
+    }
+
     pub(crate) fn on_wal_sync(&self) {
         self.wal_syncs.fetch_add(1, Relaxed);
     }
@@ -540,6 +565,10 @@ impl StatusCell {
             last_ack_at: from_unix_ms(self.last_ack_ms.load(Relaxed)),
             database_steps: self.database_steps.load(Relaxed),
             wal_syncs: self.wal_syncs(),
+            publisher_heartbeat_age: match self.publisher_beat_ms.load(Relaxed) {
+                0 => None,
+                at => Some(Duration::from_millis(monotonic_ms().saturating_sub(at))),
+            },
             store,
         }
     }

@@ -103,6 +103,7 @@ impl Publisher {
         let mut burst = 0;
         loop {
             crate::failpoint::hit("relay-loop");
+            self.status.beat();
             d.core.on_marked(self.marks.marked());
             self.drive(&mut d);
             if let Some(mut acked) = d.core.acks_due(self.events.is_empty()) {

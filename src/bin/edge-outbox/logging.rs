@@ -1,17 +1,32 @@
-//! Log lines on stderr (tracing; `RUST_LOG` overrides the level), and the relay's live status
-//! line when stderr is a terminal. A log line first erases the status line, which the relay
+//! Log lines on stderr (tracing; `RUST_LOG` overrides the level), as text or, for log shippers,
+//! one JSON object per line (`--log-format json`), and the relay's live status line when stderr
+//! is a terminal. A log line first erases the status line, which the relay
 //! redraws on its next tick, so the two never interleave on one row; with `--progress`, a log
 //! line is written above the drain bar instead.
 
 use std::io::{self, IsTerminal as _, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use serde_json::{Map, Value};
+use tracing::field::{Field, Visit};
 use tracing::level_filters::LevelFilter;
+use tracing::{Event, Subscriber};
 use tracing_subscriber::filter::Targets;
-use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt as _};
 use tracing_subscriber::util::SubscriberInitExt as _;
 
-use crate::progress;
+use crate::{output, progress};
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line: `timestamp` (RFC 3339, UTC), `level`, `target`, `message` and
+    /// `fields` (the event's other fields).
+    Json,
+}
 
 /// A status line is on screen (no newline after it yet).
 static LINE_SHOWN: AtomicBool = AtomicBool::new(false);
@@ -20,6 +35,11 @@ const ERASE_LINE: &[u8] = b"\r\x1b[2K";
 /// Installs the subscriber: `RUST_LOG` (e.g. `debug` or `edge_outbox=debug,rumqttc=warn`) if set
 /// and valid, else `default`.
 pub fn init(default: LevelFilter) {
+    init_as(default, LogFormat::Text);
+}
+
+/// [`init`], in `format`.
+pub fn init_as(default: LevelFilter, format: LogFormat) {
     // The demo's in-process broker logs every connection it sees close; that is not news here.
     let fallback = Targets::new()
         .with_default(default)
@@ -34,11 +54,83 @@ pub fn init(default: LevelFilter) {
         }),
         _ => fallback,
     };
-    let layer = tracing_subscriber::fmt::layer()
-        .with_writer(|| LogWriter)
-        .with_ansi(io::stderr().is_terminal());
+    let text = (format == LogFormat::Text).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(|| LogWriter)
+            .with_ansi(io::stderr().is_terminal())
+    });
+    let json = (format == LogFormat::Json).then_some(JsonLines);
     // Fails only if a subscriber is already set, in which case that one logs.
-    let _ = tracing_subscriber::registry().with(layer).with(filter).try_init();
+    let _ = tracing_subscriber::registry()
+        .with(text)
+        .with(json)
+        .with(filter)
+        .try_init();
+}
+
+/// Writes each event as one JSON object on one line. serde_json escapes what the fields hold
+/// (newlines included), so a field can never break a line in two or forge another record.
+struct JsonLines;
+
+impl<S: Subscriber> Layer<S> for JsonLines {
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let mut fields = JsonFields::default();
+        event.record(&mut fields);
+        let meta = event.metadata();
+        let mut record = Map::new();
+        record.insert("timestamp".into(), output::timestamp(output::now_ms()).into());
+        record.insert("level".into(), meta.level().as_str().into());
+        record.insert("target".into(), meta.target().into());
+        record.insert("message".into(), fields.message.unwrap_or_default().into());
+        record.insert("fields".into(), Value::Object(fields.others));
+        let mut line = Value::Object(record).to_string();
+        line.push('\n');
+        let _ = LogWriter.write_all(line.as_bytes());
+    }
+}
+
+/// An event's fields: its message apart, the others by name with their JSON types.
+#[derive(Default)]
+struct JsonFields {
+    message: Option<String>,
+    others: Map<String, Value>,
+}
+
+impl JsonFields {
+    fn put(&mut self, field: &Field, value: Value) {
+        if field.name() == "message" {
+            self.message = Some(match value {
+                Value::String(s) => s,
+                other => other.to_string(),
+            });
+        } else {
+            self.others.insert(field.name().to_owned(), value);
+        }
+    }
+}
+
+impl Visit for JsonFields {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.put(field, Value::String(format!("{value:?}")));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.put(field, Value::String(value.to_owned()));
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.put(field, value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.put(field, value.into());
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.put(field, value.into());
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.put(field, value.into());
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.put(field, Value::String(value.to_string()));
+    }
 }
 
 /// Shows `line` in place of the previous status line.

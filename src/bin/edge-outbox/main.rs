@@ -19,6 +19,7 @@ mod exit;
 mod inbox;
 mod logging;
 mod metrics;
+mod notify;
 mod output;
 mod pending;
 mod progress;

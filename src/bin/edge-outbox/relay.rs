@@ -20,6 +20,7 @@ use tracing::level_filters::LevelFilter;
 
 use crate::broker_args::BrokerArgs;
 use crate::exit::CliError;
+use crate::notify::Notifier;
 use crate::output::{self, bytes, duration};
 use crate::progress::DrainBar;
 use crate::{Global, Result, db, logging};
@@ -148,6 +149,10 @@ pub struct RelayArgs {
     /// first match applies.
     #[arg(long, value_name = "FILTER=SECS", value_parser = parse_lifetime)]
     pub expire: Vec<(String, Duration)>,
+    /// How log lines are written on stderr: `text`, or `json` (one object per line, for
+    /// journald's and log shippers' JSON parsers).
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = logging::LogFormat::Text)]
+    pub log_format: logging::LogFormat,
 }
 
 /// `FILTER=SECS` for `--expire`.
@@ -167,7 +172,7 @@ fn parse_lifetime(arg: &str) -> std::result::Result<(String, Duration), String> 
 }
 
 pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
-    logging::init(LevelFilter::INFO);
+    logging::init_as(LevelFilter::INFO, args.log_format);
     // Every argument is checked before anything is opened or created.
     let config = config(args)?;
     let path = db::path_creating_dir(global)?;
@@ -192,16 +197,24 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
     let signals = Signals::new([SIGINT, SIGTERM]).map_err(installing)?;
     let relay = Relay::start(&outbox, config.clone())?;
     let broker = format!("{}:{}", config.mqtt().host(), config.mqtt().port());
+    // The lock is held and the database open: ready, as far as a service manager can tell.
+    let mut notifier = Notifier::from_env();
+    if let Ok(s) = relay.status() {
+        notifier.ready(&live_line(&broker, &s));
+    }
     let tty = std::io::stderr().is_terminal();
     if args.progress && !tty {
         tracing::info!(target: "edge_outbox::cli", "--progress: stderr is not a terminal, no bar drawn");
     }
-    let signal = Watch {
+    let mut watch = Watch {
         broker,
         tty,
         bar: (args.progress && tty).then(DrainBar::stderr),
-    }
-    .until_stop(&relay, signals, &stopping)?;
+        notifier,
+    };
+    let signal = watch.until_stop(&relay, signals, &stopping)?;
+    watch.notifier.stopping();
+    drop(watch);
 
     if let Some(signal) = signal {
         tracing::info!(target: "edge_outbox::cli", signal = signal_name(signal), "stopping");
@@ -289,11 +302,18 @@ struct Watch {
     tty: bool,
     /// Only when stderr is a terminal; dropped (erased) when the watch ends.
     bar: Option<DrainBar>,
+    /// The service manager's status line and watchdog.
+    notifier: Notifier,
 }
 
 impl Watch {
     /// Reports until a signal arrives (returns it) or a relay thread ends (returns None).
-    fn until_stop(self, relay: &Relay, signals: Signals, stopping: &Arc<AtomicBool>) -> Result<Option<i32>> {
+    fn until_stop(
+        &mut self,
+        relay: &Relay,
+        signals: Signals,
+        stopping: &Arc<AtomicBool>,
+    ) -> Result<Option<i32>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let handle = signals.handle();
         let stopping_flag = stopping.clone();
@@ -308,6 +328,7 @@ impl Watch {
             })
             .map_err(|e| CliError::runtime(format!("spawning the signal thread: {e}")))?;
         let tick = if self.tty { LIVE_TICK } else { CHECK_EVERY };
+        let tick = self.notifier.tick_every().map_or(tick, |w| w.min(tick));
         let mut last_log = Instant::now();
         let signal = loop {
             if relay.is_finished() {
@@ -317,6 +338,10 @@ impl Watch {
             if status.as_ref().is_some_and(|s| s.database_damaged.is_some()) {
                 // The next start salvages the file: exit for the supervisor to restart us.
                 break None;
+            }
+            if let Some(s) = &status {
+                let broker = s.broker.as_deref().unwrap_or(&self.broker);
+                self.notifier.tick(s, &live_line(broker, s));
             }
             if let Some(s) = status.filter(|_| self.tty || last_log.elapsed() >= LOG_EVERY) {
                 let broker = s.broker.as_deref().unwrap_or(&self.broker);
