@@ -66,6 +66,7 @@ pub struct RelayConfig {
     pub(crate) retained_commands: bool,
     pub(crate) status_file: bool,
     pub(crate) metrics_file: Option<std::path::PathBuf>,
+    pub(crate) metrics_file_mode: u32,
     pub(crate) integrity_interval: Duration,
     /// Default lifetimes by topic filter, first match wins.
     pub(crate) ttl: Vec<(String, Duration)>,
@@ -95,6 +96,7 @@ impl RelayConfig {
             retained_commands: false,
             status_file: false,
             metrics_file: None,
+            metrics_file_mode: 0o600,
             integrity_interval: Duration::from_secs(3600),
             ttl: Vec::new(),
             pace: PaceRates::default(),
@@ -118,6 +120,26 @@ impl RelayConfig {
     #[cfg(feature = "metrics")]
     pub fn metrics_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
         self.metrics_file = Some(path.into());
+        self
+    }
+
+    /// The permission bits of the metrics file (default `0o600`, the owner only, like the
+    /// database: the figures say how busy the device is and which broker it uses). node_exporter's
+    /// textfile collector usually runs as another user: `0o640` lets the file's group read it (run
+    /// the relay with that group, e.g. systemd's `Group=`), `0o644` everyone. Set exactly, whatever
+    /// the umask. Bits beyond `0o644` (write or execute for anyone but the owner) fail
+    /// [`Relay::start`](crate::Relay::start) with [`Error::InvalidConfig`](crate::Error::InvalidConfig).
+    ///
+    /// ```
+    /// # let dir = tempfile::tempdir().expect("temp dir");
+    /// let config = edge_outbox::RelayConfig::new(edge_outbox::MqttConfig::new("127.0.0.1", 1883))
+    ///     .metrics_file(dir.path().join("edge_outbox.prom"))
+    ///     .metrics_file_mode(0o640);
+    /// # let _ = config;
+    /// ```
+    #[cfg(feature = "metrics")]
+    pub fn metrics_file_mode(mut self, mode: u32) -> Self {
+        self.metrics_file_mode = mode;
         self
     }
 
@@ -357,6 +379,13 @@ impl RelayConfig {
         }
         for (filter, _) in &self.ttl {
             validate_filter(filter)?;
+        }
+        if self.metrics_file_mode & !0o644 != 0 || self.metrics_file_mode & 0o600 != 0o600 {
+            return Err(Error::InvalidConfig(format!(
+                "metrics_file_mode {:o}: the owner must read and write the file, and nobody else \
+                 write or execute it (at most 644)",
+                self.metrics_file_mode
+            )));
         }
         if self.pace.messages == Some(0) || self.pace.bytes == Some(0) {
             return Err(Error::InvalidConfig(

@@ -189,9 +189,10 @@ pub(crate) fn sibling(db: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Replaces `target` with `bytes` atomically (a temporary file renamed over it), readable by the
-/// owner only, like the database.
-pub(crate) fn write_atomically(target: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Replaces `target` with `bytes` atomically (a temporary file renamed over it), with permission
+/// bits `mode` exactly (the umask does not narrow them): the owner only, like the database, unless
+/// the file is for another user's reader (see [`RelayConfig::metrics_file_mode`](crate::RelayConfig::metrics_file_mode)).
+pub(crate) fn write_atomically(target: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
     let mut tmp = target.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
@@ -199,7 +200,15 @@ pub(crate) fn write_atomically(target: &Path, bytes: &[u8]) -> std::io::Result<(
     open.write(true).create(true).truncate(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
-    std::io::Write::write_all(&mut open.open(&tmp)?, bytes)?;
+    let mut file = open.open(&tmp)?;
+    #[cfg(unix)]
+    if mode != 0o600 {
+        use std::os::unix::fs::PermissionsExt as _;
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    }
+    #[cfg(not(unix))]
+    let _ = mode;
+    std::io::Write::write_all(&mut file, bytes)?;
     std::fs::rename(&tmp, target)
 }
 

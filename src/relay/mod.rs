@@ -251,6 +251,7 @@ impl Relay {
                 status: status.clone(),
                 status_file: config.status_file,
                 metrics_file: config.metrics_file.clone(),
+                metrics_file_mode: config.metrics_file_mode,
                 stop: stop_rx.clone(),
             };
             relay.spawn_thread("edge-outbox-report", move || reporter.run())?;

@@ -22,6 +22,7 @@ pub(crate) struct Reporter {
     pub status: Arc<StatusCell>,
     pub status_file: bool,
     pub metrics_file: Option<PathBuf>,
+    pub metrics_file_mode: u32,
     pub stop: Receiver<()>,
 }
 
@@ -91,13 +92,13 @@ impl Reporter {
         report.written_at_ms = now_ms();
         if self.status_file {
             let json = serde_json::to_vec_pretty(&report).map_err(|e| Error::Encode(e.to_string()))?;
-            write_atomically(status_path, &json)
+            write_atomically(status_path, &json, 0o600)
                 .map_err(|e| Error::io(format!("writing {}", status_path.display()), e))?;
         }
         #[cfg(feature = "metrics")]
         if let Some(path) = &self.metrics_file {
             let text = crate::metrics::encode(&stats, Some(&report));
-            write_atomically(path, text.as_bytes())
+            write_atomically(path, text.as_bytes(), self.metrics_file_mode)
                 .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
         }
         *last = Some((report, stats));

@@ -238,7 +238,10 @@ impl Outbox {
     /// Commands are taken in arrival order per key: a command waits while an older one with the
     /// same key is unapplied (backing off after a failure), and stops waiting once that one is
     /// applied or dead-lettered. The handler may publish replies through its [`Tx`]; they commit
-    /// with the effect. A handler error or panic rolls the effect back and counts an attempt;
+    /// with the effect. A handler error or panic rolls the effect back and counts an attempt (a
+    /// panic is caught under Cargo's default `panic = "unwind"`; built with `panic = "abort"`, it
+    /// ends the process, and the attempt, counted before the handler ran, is recovered after the
+    /// restart like any crash);
     /// after [`Options::max_attempts`] the command moves to the dead letters. An
     /// [`Error::CommandRejected`] (see [`Error::reject`]) moves it there at once.
     ///

@@ -57,7 +57,8 @@ otherwise the relay logs as without it.
 Credentials: --username with --password-file, or user:password@ in the URL (visible to other \
 local users in the process list: prefer the file). The password is never printed.
 
-Exit codes: 0 stopped on a signal, 1 runtime error (also: a relay thread stopped), 2 usage \
+Exit codes: 0 stopped on a signal, 1 runtime error (also: a relay thread stopped; a bug, a \
+panic, aborts the release build instead), 2 usage \
 error (bad URL, TLS or password file), 3 database error, 4 another relay runs on this database.")]
 pub struct RelayArgs {
     #[command(flatten)]
@@ -120,6 +121,11 @@ pub struct RelayArgs {
     /// atomically when something changes, at least every 30 s; removed at exit.
     #[arg(long, value_name = "FILE")]
     pub metrics_file: Option<PathBuf>,
+    /// The metrics file's permission bits, in octal: 600 (the owner only, the default), 640 (its
+    /// group too: node_exporter's textfile collector runs as another user) or 644. Set exactly,
+    /// whatever the umask.
+    #[arg(long, value_name = "MODE", value_parser = parse_mode, requires = "metrics_file")]
+    pub metrics_mode: Option<u32>,
     /// On a terminal, a progress bar instead of the status line: rows left, rate and ETA while
     /// a backlog drains. Never drawn when stderr is not a terminal.
     #[arg(long)]
@@ -153,6 +159,18 @@ pub struct RelayArgs {
     /// journald's and log shippers' JSON parsers).
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = logging::LogFormat::Text)]
     pub log_format: logging::LogFormat,
+}
+
+/// An octal permission mode for `--metrics-mode`, at most 644 and at least 600.
+fn parse_mode(arg: &str) -> std::result::Result<u32, String> {
+    let mode = u32::from_str_radix(arg.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("{arg:?} is not an octal mode, e.g. 640"))?;
+    if mode & !0o644 != 0 || mode & 0o600 != 0o600 {
+        return Err(format!(
+            "{arg}: the owner must read and write the file, and nobody else write or execute it (600, 640 or 644)"
+        ));
+    }
+    Ok(mode)
 }
 
 /// `FILTER=SECS` for `--expire`.
@@ -271,6 +289,9 @@ fn config(args: &RelayArgs) -> Result<RelayConfig> {
     }
     if let Some(file) = &args.metrics_file {
         config = config.metrics_file(file);
+    }
+    if let Some(mode) = args.metrics_mode {
+        config = config.metrics_file_mode(mode);
     }
     let batching = Batching::new()
         .max_bytes(args.batch_max_bytes)
