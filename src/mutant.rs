@@ -42,6 +42,9 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // `edge-outbox relay` pings the service manager's watchdog whatever its publishing thread
     // does: a wedged relay is never restarted.
     ("watchdog-ignores-heartbeat", "tests/systemd_notify.rs"),
+    // The TLS handshake offers no ALPN protocol, whatever `TlsConfig::alpn` asked for: AWS IoT
+    // Core on port 443 refuses every connection.
+    ("alpn-dropped", "tests/cloud_alpn.rs"),
     // A retried outgoing dead letter goes back in lane 0, with no lifetime, not evictable.
     ("retry-loses-settings", "tests/outbox_dead_letter_retry.rs"),
     // Receiving verifies with the handle's own keys only, not the file's: a keyless handle (the

@@ -9,12 +9,14 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
 use crate::error::{Error, Result};
 
-/// TLS settings: which CA to trust and, for mutual TLS, the client's certificate and key (PEM).
+/// TLS settings: which CA to trust, for mutual TLS the client's certificate and key (PEM), and
+/// the ALPN protocols to offer.
 #[derive(Clone, PartialEq, Eq)]
 #[must_use = "a builder: use the value it returns"]
 pub struct TlsConfig {
     ca_pem: Option<Vec<u8>>,
     client_auth: Option<(Vec<u8>, Vec<u8>)>,
+    alpn: Vec<Vec<u8>>,
 }
 
 impl std::fmt::Debug for TlsConfig {
@@ -23,6 +25,14 @@ impl std::fmt::Debug for TlsConfig {
         f.debug_struct("TlsConfig")
             .field("custom_ca", &self.ca_pem.is_some())
             .field("client_auth", &self.client_auth.is_some())
+            .field(
+                "alpn",
+                &self
+                    .alpn
+                    .iter()
+                    .map(|p| String::from_utf8_lossy(p))
+                    .collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -33,6 +43,7 @@ impl TlsConfig {
         TlsConfig {
             ca_pem: Some(ca_pem.into()),
             client_auth: None,
+            alpn: Vec::new(),
         }
     }
 
@@ -46,6 +57,7 @@ impl TlsConfig {
         TlsConfig {
             ca_pem: None,
             client_auth: None,
+            alpn: Vec::new(),
         }
     }
 
@@ -58,6 +70,21 @@ impl TlsConfig {
     /// Present the certificate chain and private key in these PEM files for mutual TLS.
     pub fn client_auth_files(self, cert: impl AsRef<Path>, key: impl AsRef<Path>) -> Result<Self> {
         Ok(self.client_auth_pem(read(cert.as_ref())?, read(key.as_ref())?))
+    }
+
+    /// Offers `protocol` in the TLS handshake's ALPN extension (repeatable: offered in the order
+    /// added). AWS IoT Core serves MQTT with mutual TLS on port 443 only to a client that offers
+    /// `x-amzn-mqtt-ca`: the way through networks that open nothing but 443. A protocol name is
+    /// 1 to 255 bytes; another length fails the connection's setup with
+    /// [`Error::InvalidConfig`].
+    ///
+    /// ```
+    /// let tls = edge_outbox::TlsConfig::system_roots().alpn("x-amzn-mqtt-ca");
+    /// assert!(format!("{tls:?}").contains("x-amzn-mqtt-ca"));
+    /// ```
+    pub fn alpn(mut self, protocol: impl Into<Vec<u8>>) -> Self {
+        self.alpn.push(protocol.into());
+        self
     }
 
     /// A rustls configuration with the ring provider passed explicitly, so nothing depends on a
@@ -89,7 +116,13 @@ impl TlsConfig {
             .with_safe_default_protocol_versions()
             .map_err(|e| bad("protocol versions", &e))?
             .with_root_certificates(roots);
-        let config = match &self.client_auth {
+        if let Some(bad_name) = self.alpn.iter().find(|p| p.is_empty() || p.len() > 255) {
+            return Err(Error::InvalidConfig(format!(
+                "TLS ALPN protocol {:?}: a protocol name is 1 to 255 bytes",
+                String::from_utf8_lossy(bad_name)
+            )));
+        }
+        let mut config = match &self.client_auth {
             Some((cert_pem, key_pem)) => {
                 let certs = CertificateDer::pem_slice_iter(cert_pem)
                     .collect::<std::result::Result<Vec<_>, _>>()
@@ -101,6 +134,9 @@ impl TlsConfig {
             }
             None => builder.with_no_client_auth(),
         };
+        if !crate::mutant::active("alpn-dropped") {
+            config.alpn_protocols = self.alpn.clone();
+        }
         Ok(Arc::new(config))
     }
 }

@@ -1,5 +1,7 @@
 //! Test harness shared by the integration tests: `mod support;` from any `tests/*.rs`.
 //!
+//! - [`alpn_front`]: a TLS front that serves only clients offering its ALPN protocol (AWS IoT
+//!   Core on port 443).
 //! - [`broker`]: a real MQTT broker process on 127.0.0.1 with a port picked at run time (mosquitto
 //!   when it is installed or asked for, rumqttd otherwise; `EDGE_OUTBOX_BROKER` chooses).
 //! - [`child`]: child processes killed when their test ends, fails or panics, and this test
@@ -19,6 +21,7 @@
 //! Every test binary compiles this module but uses only part of it.
 #![allow(dead_code, unused_imports)]
 
+pub mod alpn_front;
 pub mod broker;
 pub mod check;
 pub mod child;

@@ -23,6 +23,10 @@ pub struct BrokerArgs {
     /// Trust the CA certificates in this PEM file instead of the system's (mqtts only).
     #[arg(long, value_name = "FILE")]
     pub ca: Option<PathBuf>,
+    /// Offer this protocol in the TLS handshake's ALPN extension (mqtts only; repeatable). AWS
+    /// IoT Core on port 443 needs `x-amzn-mqtt-ca` (docs/operations.md).
+    #[arg(long, value_name = "PROTOCOL")]
+    pub alpn: Vec<String>,
     /// MQTT username.
     #[arg(long, value_name = "USER")]
     pub username: Option<String>,
@@ -78,11 +82,11 @@ impl BrokerArgs {
         }
         let protocol: Protocol = self.mqtt_version.parse()?;
         mqtt = mqtt.protocol(protocol);
-        if self.ca.is_some() || client_auth.is_some() {
+        if self.ca.is_some() || client_auth.is_some() || !self.alpn.is_empty() {
             if !mqtt.uses_tls() {
                 // Named by host and port: the URL itself may carry a password.
                 return Err(CliError::usage(format!(
-                    "a CA and client certificates need an mqtts:// broker URL, not mqtt://{}:{}",
+                    "a CA, client certificates and ALPN need an mqtts:// broker URL, not mqtt://{}:{}",
                     mqtt.host(),
                     mqtt.port()
                 )));
@@ -95,6 +99,7 @@ impl BrokerArgs {
                 Some((cert, key)) => tls.client_auth_files(cert, key).map_err(usage)?,
                 None => tls,
             };
+            let tls = self.alpn.iter().fold(tls, |tls, p| tls.alpn(p.as_bytes()));
             mqtt = mqtt.tls(tls);
         }
         if let Some(user) = &self.username {
