@@ -22,6 +22,8 @@ pub(crate) struct Reporter {
     pub status: Arc<StatusCell>,
     pub status_file: bool,
     pub metrics_file: Option<PathBuf>,
+    /// Read only where the metrics are written (feature `metrics`).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
     pub metrics_file_mode: u32,
     pub stop: Receiver<()>,
 }
