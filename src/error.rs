@@ -143,8 +143,8 @@ pub enum Error {
 }
 
 impl Error {
-    /// A permanent refusal for a command handler to return: the command is dead-lettered at once
-    /// with `reason` and never retried (see [`Error::CommandRejected`]).
+    /// A permanent refusal for a command handler to return: the command is marked rejected at
+    /// once with `reason` (not a dead letter) and never retried (see [`Error::CommandRejected`]).
     ///
     /// ```
     /// let e = edge_outbox::Error::reject("set_rate must be a number");

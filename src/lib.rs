@@ -78,8 +78,8 @@
 //! ```
 //!
 //! A handler error is retried with backoff, then dead-lettered; [`Error::reject`] (and a payload
-//! that does not match [`Command::payload_as`]'s type) dead-letters at once, and the next command
-//! of the key runs. Inside a handler's database step, writes through the application's
+//! that does not match [`Command::payload_as`]'s type) marks the command rejected at once (not a
+//! dead letter; [`Error::with_reply`] answers the sender), and the next command of the key runs. Inside a handler's database step, writes through the application's
 //! [`Outbox`] fail at once with [`Error::InsideCommandHandler`] (the step holds the write lock);
 //! reads work. [`Relay::shutdown`] waits for a running handler only up to the shutdown timeout.
 //!

@@ -201,8 +201,10 @@ pub(crate) fn write_atomically(target: &Path, bytes: &[u8], mode: u32) -> std::i
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut open, 0o600);
     let mut file = open.open(&tmp)?;
+    // Always, not only for another mode: a temporary file left by a crash keeps the bits it was
+    // created with, which `mode` above sets only for a new file.
     #[cfg(unix)]
-    if mode != 0o600 {
+    {
         use std::os::unix::fs::PermissionsExt as _;
         file.set_permissions(std::fs::Permissions::from_mode(mode))?;
     }

@@ -89,9 +89,21 @@ fn a_mode_letting_others_write_or_execute_is_a_usage_error() -> TestResult {
         .metrics_file(dir.path().join("m.prom"))
         .metrics_file_mode(0o666);
     let outbox = edge_outbox::Outbox::open(dir.path().join("lib.db"))?;
-    match edge_outbox::Relay::start(&outbox, config) {
-        Err(edge_outbox::Error::InvalidConfig(why)) => assert!(why.contains("metrics_file_mode"), "{why}"),
-        other => return Err(format!("expected InvalidConfig, got {:?}", other.map(|_| "a relay")).into()),
+    // Others may write; and the owner may not (a file the relay could not rewrite).
+    for mode in [0o666, 0o440] {
+        let config = config.clone().metrics_file_mode(mode);
+        match edge_outbox::Relay::start(&outbox, config) {
+            Err(edge_outbox::Error::InvalidConfig(why)) => {
+                assert!(why.contains("metrics_file_mode"), "{why}")
+            }
+            other => {
+                return Err(format!(
+                    "{mode:o}: expected InvalidConfig, got {:?}",
+                    other.map(|_| "a relay")
+                )
+                .into());
+            }
+        }
     }
     Ok(())
 }

@@ -109,3 +109,41 @@ fn the_retry_loses_settings_mutant_is_caught() -> TestResult {
     )?;
     Ok(())
 }
+
+#[test]
+fn a_dead_letter_whose_lifetime_ended_is_not_put_back() -> TestResult {
+    let broker = Broker::start()?;
+    let dir = tempfile::tempdir()?;
+    let outbox = open_device(dir.path());
+    let conn = rusqlite::Connection::open(outbox.path())?;
+    // Refused by the relay (its topic), with a lifetime that ends soon after.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64;
+    conn.execute(
+        "INSERT INTO outbox (topic, key, payload, expires_at) VALUES ('$SYS/short', 'k', x'01', ?1)",
+        [now + 1_500],
+    )?;
+    let relay = Relay::start(&outbox, relay_config(broker.addr(), "retry-expired"))?;
+    assert!(
+        wait_until(|| outbox.dead_letters(10).is_ok_and(|d| d.len() == 1)),
+        "dead-lettered"
+    );
+    relay.shutdown()?;
+    conn.execute("UPDATE dead_letters SET topic = 'short/k'", [])?;
+    while std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64
+        <= now + 1_500
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let dl = outbox.dead_letters(10)?[0].dead_letter_id;
+    match outbox.retry_dead_letter(dl) {
+        Err(Error::RetryRefused { reason, .. }) => assert!(reason.contains("lifetime"), "{reason}"),
+        other => panic!("expected the retry refused, got {other:?}"),
+    }
+    assert_eq!(outbox.dead_letters(10)?.len(), 1, "the dead letter stays");
+    assert_eq!(outbox.stats()?.pending_messages, 0);
+    Ok(())
+}

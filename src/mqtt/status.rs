@@ -465,13 +465,13 @@ impl StatusCell {
         self.touch();
     }
 
-    /// The relay synced the WAL file itself (its durability barrier).
     /// The publishing thread went round its loop. Not a change for the reporter: it happens
     /// on every pass, idle or not.
     pub(crate) fn beat(&self) {
         self.publisher_beat_ms.store(monotonic_ms(), Relaxed);
     }
 
+    /// The relay synced the WAL file itself (its durability barrier).
     pub(crate) fn on_wal_sync(&self) {
         self.wal_syncs.fetch_add(1, Relaxed);
     }

@@ -304,7 +304,8 @@ where
     fail(conn, a, claim, failure)
 }
 
-/// Records a failed attempt: a backoff, or the dead letters after the last attempt or a rejection.
+/// Records a failed attempt: a backoff, the dead letters after the last attempt, or a rejection
+/// (with its reply).
 pub(crate) fn fail(
     conn: &mut Connection,
     a: &Applier<'_>,
@@ -451,10 +452,11 @@ fn recover(tx: &Transaction<'_>, options: &Options, filter: &str, arg: impl rusq
     Ok(dead_count)
 }
 
-/// Publishes a rejection's reply in `tx`, the transaction that records the rejection. One that
-/// cannot be published (over a limit, a bad topic) leaves nothing behind and says why in `error`:
-/// the rejection stands either way. Fails only if the savepoint itself fails, and then the whole
-/// transaction must go.
+/// Publishes a rejection's reply in `tx`, the transaction that records the rejection. A reply the
+/// message itself makes unpublishable (a bad topic, too large, a bad priority) leaves nothing
+/// behind and says why in `error`: the rejection stands, and trying again could not help. Any
+/// other failure (the disk, the database, the outbox at its limit) fails the whole step, which
+/// rolls back: the attempt is released and retried later, and the reply goes out then.
 fn publish_reply(
     tx: &Transaction<'_>,
     a: &Applier<'_>,
@@ -470,7 +472,13 @@ fn publish_reply(
         }
         Err(e) => {
             tx.execute_batch("ROLLBACK TO reply; RELEASE reply")?;
-            tracing::warn!(error = %e, "a rejection's reply could not be published");
+            if !matches!(
+                e,
+                Error::InvalidTopic { .. } | Error::PayloadTooLarge { .. } | Error::InvalidConfig(_)
+            ) {
+                return Err(e);
+            }
+            tracing::warn!(error = %e, "a rejection's reply can never be published; the rejection stands without it");
             error.push_str(&format!(" (its reply was not published: {e})"));
             Ok(None)
         }

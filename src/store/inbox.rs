@@ -58,7 +58,7 @@ impl Command {
     ///
     /// A payload that does not match `T` fails with [`Error::CommandRejected`]: the same bytes
     /// can never decode differently, so a handler that returns this error with `?` has the command
-    /// dead-lettered at once instead of retried, and the commands behind it run.
+    /// rejected at once instead of retried, and the commands behind it run.
     ///
     /// ```
     /// # let dir = tempfile::tempdir().expect("temp dir");

@@ -243,7 +243,8 @@ impl Outbox {
     /// ends the process, and the attempt, counted before the handler ran, is recovered after the
     /// restart like any crash);
     /// after [`Options::max_attempts`] the command moves to the dead letters. An
-    /// [`Error::CommandRejected`] (see [`Error::reject`]) moves it there at once.
+    /// [`Error::CommandRejected`] (see [`Error::reject`]) marks it rejected at once, with its
+    /// reply if the handler gave one ([`Error::with_reply`]).
     ///
     /// The attempt is committed before the handler runs, so a handler that takes the process down
     /// is counted too (see [`Options::attempt_timeout`]). The handler runs on a connection of its
@@ -271,7 +272,7 @@ impl Outbox {
     /// restart and `act` runs again, so make it idempotent, keyed on [`Command::id`] (the same id
     /// on every attempt and every redelivery) wherever the outside world allows one. An error
     /// from either step fails the attempt like a one-phase handler's ([`Error::CommandRejected`]
-    /// dead-letters at once); `record` does not run after `act` failed.
+    /// rejects at once); `record` does not run after `act` failed.
     ///
     /// ```
     /// use edge_outbox::{ApplyOutcome, Envelope, MessageId, Outbox};

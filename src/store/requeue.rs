@@ -27,7 +27,7 @@ pub(crate) fn retry(conn: &mut Connection, options: &Options, dl_id: i64) -> Res
         // (pruning keeps it while this dead letter names it).
         ("inbox", Some(id)) => {
             let changed = tx.execute(
-                "UPDATE inbox SET dead_at = NULL, done_uptime = NULL, attempts = 0, next_attempt_at = 0, last_error = NULL
+                "UPDATE inbox SET dead_at = NULL, done_uptime = NULL, attempts = 0, next_attempt_at = 0, last_error = NULL, rejected = 0
                  WHERE id = ?1 AND dead_at IS NOT NULL AND applied_at IS NULL",
                 [&id],
             )?;
@@ -75,6 +75,21 @@ pub(crate) fn retry(conn: &mut Connection, options: &Options, dl_id: i64) -> Res
                     dead_letter_id: dl_id,
                     reason: "a newer value of its topic and key is pending (it is a coalescing \
                              message): drop the dead letter"
+                        .into(),
+                });
+            }
+            // Its lifetime counts from when it was written: put back after it ended, it would
+            // only be removed again at once, announced as expired.
+            let expired: bool = tx.query_row(
+                "SELECT EXISTS (SELECT 1 FROM dead_letters WHERE dl_id = ?1 AND expires_at <= ?2)",
+                rusqlite::params![dl_id, crate::time::now_ms()],
+                |r| r.get(0),
+            )?;
+            if expired {
+                return Err(Error::RetryRefused {
+                    dead_letter_id: dl_id,
+                    reason: "its lifetime (Message::expires_after) has ended since it was written: \
+                             drop the dead letter"
                         .into(),
                 });
             }

@@ -6,8 +6,9 @@
 //! - `READY=1` once the relay holds its lock and has the database open;
 //! - `STATUS=...`, the one-line state, as it changes;
 //! - `WATCHDOG=1` every half of `WATCHDOG_USEC`, only while the publishing thread keeps going
-//!   round its loop ([`edge_outbox::Status::publisher_heartbeat_age`] below `WATCHDOG_USEC`), so
-//!   a wedged relay stops pinging and the service manager restarts it;
+//!   round its loop ([`edge_outbox::Status::publisher_heartbeat_age`] below `WATCHDOG_USEC`, or
+//!   below [`IDLE_PASS`] if that is longer), so a wedged relay stops pinging and the service
+//!   manager restarts it;
 //! - `STOPPING=1` when a signal asks the relay to stop.
 //!
 //! Without `NOTIFY_SOCKET` (not started by a service manager with `Type=notify`) nothing is sent.
@@ -17,6 +18,11 @@ use std::time::{Duration, Instant};
 
 use edge_outbox::Status;
 
+/// The longest an idle, healthy publishing thread may take between passes of its loop (it waits
+/// at most 2 s with the file watched), with room: a heartbeat younger than this is alive, however
+/// short the watchdog interval.
+const IDLE_PASS: Duration = Duration::from_secs(3);
+
 /// Where notifications go, and the watchdog's interval when the service manager asked for one.
 pub struct Notifier {
     socket: Option<(UnixDatagram, SocketAddr)>,
@@ -24,6 +30,7 @@ pub struct Notifier {
     last_ping: Option<Instant>,
     last_warned: Option<Instant>,
     last_status: String,
+    started: Instant,
 }
 
 impl Notifier {
@@ -55,6 +62,7 @@ impl Notifier {
             last_ping: None,
             last_warned: None,
             last_status: String::new(),
+            started: Instant::now(),
         }
     }
 
@@ -66,7 +74,7 @@ impl Notifier {
     /// `READY=1`, with the first status line.
     pub fn ready(&mut self, status: &str) {
         self.last_status = status.to_owned();
-        self.send(&format!("READY=1\nSTATUS={status}"));
+        self.send(&format!("READY=1\nSTATUS={}", one_line(status)));
     }
 
     /// `STOPPING=1`.
@@ -79,7 +87,7 @@ impl Notifier {
     pub fn tick(&mut self, status: &Status, line: &str) {
         if line != self.last_status {
             self.last_status = line.to_owned();
-            self.send(&format!("STATUS={line}"));
+            self.send(&format!("STATUS={}", one_line(line)));
         }
         let Some(watchdog) = self.watchdog else {
             return;
@@ -87,9 +95,10 @@ impl Notifier {
         if self.last_ping.is_some_and(|at| at.elapsed() < watchdog / 2) {
             return;
         }
+        let alive_within = watchdog.max(IDLE_PASS);
         match status.publisher_heartbeat_age {
             // The mutant pings whatever the publishing thread does.
-            Some(age) if age < watchdog || edge_outbox::mutant::active("watchdog-ignores-heartbeat") => {
+            Some(age) if age < alive_within || edge_outbox::mutant::active("watchdog-ignores-heartbeat") => {
                 self.last_ping = Some(Instant::now());
                 self.send("WATCHDOG=1");
             }
@@ -97,6 +106,8 @@ impl Notifier {
                 self.last_ping = Some(Instant::now());
                 self.send("WATCHDOG=1");
             }
+            // Not yet round its loop once: starting, not wedged, until the same allowance passes.
+            None if self.started.elapsed() < alive_within => {}
             age => {
                 // Said once per interval while pings are withheld: the service manager restarts
                 // the relay when the interval runs out.
@@ -115,6 +126,14 @@ impl Notifier {
             tracing::debug!(target: "edge_outbox::cli", error = %e, "could not notify the service manager");
         }
     }
+}
+
+/// `line` with control characters (a newline in an error message) as spaces: a notification is
+/// `KEY=value` lines, and a status must not add keys of its own (`WATCHDOG=1`).
+fn one_line(line: &str) -> String {
+    line.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 /// An unbound datagram socket and the service manager's address: a path, or (Linux) an abstract

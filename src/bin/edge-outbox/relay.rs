@@ -217,8 +217,12 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
     let broker = format!("{}:{}", config.mqtt().host(), config.mqtt().port());
     // The lock is held and the database open: ready, as far as a service manager can tell.
     let mut notifier = Notifier::from_env();
-    if let Ok(s) = relay.status() {
-        notifier.ready(&live_line(&broker, &s));
+    match relay.status() {
+        Ok(s) => notifier.ready(&live_line(&broker, &s)),
+        Err(e) => {
+            tracing::warn!(target: "edge_outbox::cli", error = %e, "could not read the relay's status");
+            notifier.ready(&format!("starting: connecting to {broker}"));
+        }
     }
     let tty = std::io::stderr().is_terminal();
     if args.progress && !tty {
@@ -351,11 +355,25 @@ impl Watch {
         let tick = if self.tty { LIVE_TICK } else { CHECK_EVERY };
         let tick = self.notifier.tick_every().map_or(tick, |w| w.min(tick));
         let mut last_log = Instant::now();
+        let mut status_failed = false;
         let signal = loop {
             if relay.is_finished() {
                 break None;
             }
-            let status = relay.status().ok();
+            let status = match relay.status() {
+                Ok(s) => {
+                    status_failed = false;
+                    Some(s)
+                }
+                Err(e) => {
+                    // Without a status no watchdog ping goes out either: say why, once.
+                    if !status_failed {
+                        tracing::warn!(target: "edge_outbox::cli", error = %e, "could not read the relay's status");
+                    }
+                    status_failed = true;
+                    None
+                }
+            };
             if status.as_ref().is_some_and(|s| s.database_damaged.is_some()) {
                 // The next start salvages the file: exit for the supervisor to restart us.
                 break None;
