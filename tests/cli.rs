@@ -294,6 +294,49 @@ fn inbox_shows_unapplied_commands_and_with_all_the_applied_ones() -> TestResult 
     Ok(())
 }
 
+/// A rejected command is shown as `rejected` with its reason and counted in `status`, not in the
+/// dead letters; on a file of schema version 7 (the CLI reads without migrating), without the
+/// column, the listing still works.
+#[test]
+fn inbox_and_status_show_a_rejection_apart_from_the_dead_letters() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let db = dir.path().join("device.db");
+    let id = MessageId::new_v7();
+    {
+        let outbox = Outbox::open(&db)?;
+        outbox.receive("cmd/speed", &Envelope::command(id, "pump-1", &500)?.encode())?;
+        let outcome =
+            outbox.apply_next(|_tx, _cmd| Err::<(), _>(edge_outbox::Error::reject("speed above 100")))?;
+        assert!(matches!(outcome, ApplyOutcome::Rejected { .. }), "{outcome:?}");
+    }
+    let all = on(&db, &["inbox", "--all", "--json"]).json()?;
+    let c = all["commands"].as_array().ok_or("commands")?;
+    assert_eq!(c[0]["state"], "rejected", "{all}");
+    assert!(
+        c[0]["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("speed above 100")),
+        "{all}"
+    );
+    assert_eq!(c[0]["payload"], 500, "a rejected command keeps its payload");
+    let status = on(&db, &["status", "--json"]).json()?;
+    assert_eq!(status["inbox"]["rejected"], 1, "{status}");
+    assert_eq!(status["dead_letters"], 0, "{status}");
+    let text = on(&db, &["inbox", "--all"]);
+    assert!(text.stdout.contains("rejected"), "{}", text.stdout);
+
+    // Version 7 had no such column: the CLI reads it as dead, and does not fail.
+    let conn = rusqlite::Connection::open(&db)?;
+    conn.execute_batch(
+        "DROP INDEX inbox_rejected; ALTER TABLE inbox DROP COLUMN rejected;
+         UPDATE edge_outbox_meta SET value = 7 WHERE name = 'schema_version';",
+    )?;
+    drop(conn);
+    let all = on(&db, &["inbox", "--all", "--json"]).json()?;
+    assert_eq!(all["commands"][0]["state"], "dead", "{all}");
+    Ok(())
+}
+
 #[test]
 fn dead_letters_are_listed_retried_and_dropped() -> TestResult {
     let f = fixture();

@@ -152,3 +152,36 @@ fn alpn_with_a_plain_broker_url_is_a_usage_error() -> Result<(), Box<dyn std::er
     assert!(!dir.path().join("device.db").exists());
     Ok(())
 }
+
+/// The standalone relay's `--alpn`, through the front: what it publishes arrives.
+#[cfg(feature = "cli")]
+#[test]
+fn the_cli_relay_offers_the_alpn_protocol_given_with_alpn() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let pki = Pki::generate(&dir.path().join("pki"), "aws-stand-in")?;
+    let broker = Broker::start()?;
+    let front = AlpnFront::start(&pki, AWS_ALPN.as_bytes(), broker.addr())?;
+    let sub = Subscriber::start(broker.addr(), "orders/#")?;
+    let device = tempfile::tempdir()?;
+    let outbox = open_device(device.path());
+    let committed = commit_orders(&outbox, &["a"], 5, 0);
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_edge-outbox"))
+        .args(["relay", "--client-id", "cli-alpn", "--db"])
+        .arg(outbox.path())
+        .args(["--broker", &format!("mqtts://127.0.0.1:{}", front.addr().port())])
+        .args(["--alpn", AWS_ALPN, "--ca"])
+        .arg(&pki.ca_cert)
+        .arg("--cert")
+        .arg(&pki.client_cert)
+        .arg("--key")
+        .arg(&pki.client_key)
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let _relay = support::ChildGuard::new(child);
+    check::wait_and_check(&sub, &committed, WAIT)?;
+    assert_eq!(front.refused(), 0);
+    Ok(())
+}
