@@ -1,5 +1,12 @@
-//! A failover list of brokers: when the broker the relay is connected to dies (SIGKILL), the
-//! relay moves on to the next one in the list and loses nothing.
+//! A failover list of brokers: when the broker the relay is connected to dies, the relay moves on
+//! to the next one in the list and loses nothing.
+//!
+//! The broker "dies" behind a proxy: its connection is cut and new ones are refused, which is what
+//! the relay sees of a killed broker. The broker itself stays up, because a broker that is really
+//! killed (SIGKILL) also loses what it had acknowledged but not yet delivered to its subscribers.
+//! That loss is the broker's, which no client can prevent ("At-least-once ends at the broker's
+//! PUBACK", docs/reliability.md). Under qemu, where the subscriber is slow, it happened in one CI run
+//! and was counted against the relay.
 //!
 //! The two brokers are independent (not a cluster), so the cloud side reads both; the consumer
 //! module is fed both streams and must find every number of the device delivered or announced.
@@ -17,21 +24,18 @@ use std::time::Duration;
 use common::{TestResult, temp_db};
 use edge_outbox::consumer::Consumer;
 use edge_outbox::{MqttConfig, Outbox, Relay, RelayConfig};
-use support::{Broker, Subscriber, WAIT, wait_until};
-
-fn endpoint(broker: &Broker) -> String {
-    broker.addr().to_string()
-}
+use support::{Broker, Proxy, Subscriber, WAIT, wait_until};
 
 #[test]
 fn killing_the_current_broker_moves_the_relay_to_the_next_and_loses_nothing() -> TestResult {
-    let mut first = Broker::start()?;
+    let first = Broker::start()?;
+    let first_route = Proxy::start(first.addr())?;
     let second = Broker::start()?;
     let on_first = Subscriber::start(first.addr(), "failover/#")?;
     let on_second = Subscriber::start(second.addr(), "failover/#")?;
     let (_dir, db) = temp_db()?;
     let outbox = Outbox::open(&db)?;
-    let mqtt = MqttConfig::new(first.host(), first.port())
+    let mqtt = MqttConfig::new("127.0.0.1", first_route.port())
         .failover(second.host(), second.port())
         .client_id("failover-device")
         .keep_alive(Duration::from_secs(5))
@@ -62,13 +66,17 @@ fn killing_the_current_broker_moves_the_relay_to_the_next_and_loses_nothing() ->
         on_first.wait_for(100, WAIT),
         "nothing arrived on the first broker"
     );
-    assert_eq!(relay.status()?.broker.as_deref(), Some(endpoint(&first).as_str()));
+    let first_endpoint = first_route.addr().to_string();
+    assert_eq!(relay.status()?.broker.as_deref(), Some(first_endpoint.as_str()));
 
-    first.kill()?;
+    // The first broker dies, as the relay sees it: its connection gone, new ones refused.
+    first_route.refuse(true);
+    first_route.cut();
+    let second_endpoint = second.addr().to_string();
     assert!(
         wait_until(|| relay
             .status()
-            .is_ok_and(|s| s.connected && s.broker.as_deref() == Some(endpoint(&second).as_str()))),
+            .is_ok_and(|s| s.connected && s.broker.as_deref() == Some(second_endpoint.as_str()))),
         "the relay did not move to the second broker: {:?}",
         relay.status()?
     );
