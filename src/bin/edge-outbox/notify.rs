@@ -96,18 +96,19 @@ impl Notifier {
             return;
         }
         let alive_within = watchdog.max(IDLE_PASS);
+        let alive = match status.publisher_heartbeat_age {
+            Some(age) => age < alive_within,
+            None => false,
+        };
+        // Not yet round its loop once: starting, not wedged, until the same allowance passes.
+        let starting = status.publisher_heartbeat_age.is_none() && self.started.elapsed() < alive_within;
+        // The mutant pings whatever the publishing thread does.
         match status.publisher_heartbeat_age {
-            // The mutant pings whatever the publishing thread does.
-            Some(age) if age < alive_within || edge_outbox::mutant::active("watchdog-ignores-heartbeat") => {
+            _ if alive || edge_outbox::mutant::active("watchdog-ignores-heartbeat") => {
                 self.last_ping = Some(Instant::now());
                 self.send("WATCHDOG=1");
             }
-            None if edge_outbox::mutant::active("watchdog-ignores-heartbeat") => {
-                self.last_ping = Some(Instant::now());
-                self.send("WATCHDOG=1");
-            }
-            // Not yet round its loop once: starting, not wedged, until the same allowance passes.
-            None if self.started.elapsed() < alive_within => {}
+            _ if starting => {}
             age => {
                 // Said once per interval while pings are withheld: the service manager restarts
                 // the relay when the interval runs out.
