@@ -394,3 +394,41 @@ fn a_relay_started_from_a_file_alone_publishes() -> TestResult {
     );
     Ok(())
 }
+
+/// The shipped example config is valid as it is, and so is every key it shows commented out.
+#[test]
+fn the_example_config_checks_and_its_commented_keys_exist() -> TestResult {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/contrib/edge-outbox/relay.toml");
+    let out = edge_outbox(&["config", "check", example])?;
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = std::fs::read_to_string(example)?;
+    let mut keys = 0;
+    let uncommented: String = text
+        .lines()
+        .map(|line| match line.strip_prefix("# ") {
+            Some(rest)
+                if rest
+                    .split_once(" = ")
+                    .is_some_and(|(k, _)| k.chars().all(|c| c.is_ascii_lowercase() || c == '-')) =>
+            {
+                keys += 1;
+                format!("{rest}\n")
+            }
+            _ => format!("{line}\n"),
+        })
+        .collect();
+    assert!(
+        keys >= 25,
+        "only {keys} commented keys found: the example's form changed"
+    );
+    let dir = tempfile::tempdir()?;
+    let file = write(dir.path(), "all.toml", &uncommented)?;
+    let out = edge_outbox(&["config", "check", &file.to_string_lossy()])?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // The files it names do not exist here, so the check may fail later, but not on a key.
+    assert!(
+        !stderr.contains("config file"),
+        "a commented key is not valid: {stderr}"
+    );
+    Ok(())
+}
