@@ -149,7 +149,7 @@ pub use commands::send_command;
 pub use envelope::{Envelope, GapCause, GapNotice, MessageId, Published};
 pub use error::{Error, Result};
 pub use mqtt::status::AckLatency;
-pub use mqtt::{MqttConfig, Protocol, TlsConfig, subscribe};
+pub use mqtt::{MqttConfig, Protocol, TlsConfig, redact_url, subscribe};
 pub use relay::{Relay, Status};
 pub use relay_config::RelayConfig;
 pub use report::RelayReport;

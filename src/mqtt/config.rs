@@ -429,8 +429,17 @@ fn endpoint(host: &str, port: u16) -> String {
     }
 }
 
-/// `url` with any password replaced by `***`, for error messages.
-pub(crate) fn redact_url(url: &str) -> String {
+/// `url` with any password replaced by `***`: a broker URL safe to print (error messages, the
+/// effective settings `edge-outbox config check` shows).
+///
+/// ```
+/// assert_eq!(
+///     edge_outbox::redact_url("mqtts://pump-17:s3cret@broker.example:8883"),
+///     "mqtts://pump-17:***@broker.example:8883"
+/// );
+/// assert_eq!(edge_outbox::redact_url("mqtt://broker.example"), "mqtt://broker.example");
+/// ```
+pub fn redact_url(url: &str) -> String {
     // Without a scheme too: an operator who types `user:secret@host` gets an error naming it.
     let (scheme, rest) = url.split_once("://").map_or(("", url), |(s, r)| (s, r));
     let Some((userinfo, hostport)) = rest.rsplit_once('@') else {

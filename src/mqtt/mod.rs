@@ -15,6 +15,6 @@ pub(crate) mod tracker;
 
 pub(crate) use aliases::Aliases;
 pub(crate) use client::{MqttClient, Recv, Role, SessionOptions};
-pub use config::{MqttConfig, Protocol};
+pub use config::{MqttConfig, Protocol, redact_url};
 pub use subscribe::subscribe;
 pub use tls::TlsConfig;

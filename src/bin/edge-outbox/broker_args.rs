@@ -13,8 +13,9 @@ pub struct BrokerArgs {
     /// mqtt://[USER[:PASSWORD]@]HOST[:PORT] (plain TCP, default port 1883) or mqtts://... (TLS,
     /// default port 8883, the system's CAs unless --ca). Repeat it for a failover list (the nodes
     /// of a cluster): the brokers are tried in turn, the next after each failed attempt or lost
-    /// connection; all take the first one's scheme and credentials.
-    #[arg(long, value_name = "URL", required = true)]
+    /// connection; all take the first one's scheme and credentials. Required (for the relay:
+    /// here or as `broker` in --config).
+    #[arg(long, value_name = "URL")]
     pub broker: Vec<String>,
     /// MQTT protocol version: 5, or 3.1.1 for brokers that do not speak 5 (a broker then cannot
     /// refuse a message: see docs/reliability.md).
@@ -32,8 +33,20 @@ pub struct BrokerArgs {
     pub username: Option<String>,
     /// Read the password from this file (a trailing newline is ignored); never pass it as an
     /// argument, where other users see it.
-    #[arg(long, value_name = "FILE", requires = "username")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "username",
+        conflicts_with = "password_env"
+    )]
     pub password_file: Option<PathBuf>,
+    /// Read the password from this environment variable (for a service manager's credential
+    /// store, e.g. systemd's `LoadCredential` with a wrapper, or a container's secrets).
+    #[arg(long, value_name = "VAR", requires = "username")]
+    pub password_env: Option<String>,
+    /// The URLs came from a config file, not the process list (which other users can read).
+    #[arg(skip)]
+    pub urls_from_file: bool,
 }
 
 impl BrokerArgs {
@@ -73,7 +86,7 @@ impl BrokerArgs {
                     "credentials twice: give them in the --broker URL or with --username, not both",
                 ));
             }
-            if self.broker.iter().any(|url| has_password(url)) {
+            if !self.urls_from_file && self.broker.iter().any(|url| has_password(url)) {
                 tracing::warn!(
                     target: "edge_outbox::cli",
                     "the password in --broker is visible to other local users (process list): prefer --username with --password-file"
@@ -103,9 +116,12 @@ impl BrokerArgs {
             mqtt = mqtt.tls(tls);
         }
         if let Some(user) = &self.username {
-            let password = match &self.password_file {
-                Some(file) => read_password(file)?,
-                None => String::new(),
+            let password = match (&self.password_file, &self.password_env) {
+                (Some(file), _) => read_password(file)?,
+                (None, Some(var)) => std::env::var(var).map_err(|e| {
+                    CliError::usage(format!("the password variable {var} (--password-env): {e}"))
+                })?,
+                (None, None) => String::new(),
             };
             mqtt = mqtt.credentials(user, password);
         }
@@ -114,7 +130,7 @@ impl BrokerArgs {
 }
 
 /// Whether the URL's user info has a password (`user:password@`).
-fn has_password(url: &str) -> bool {
+pub fn has_password(url: &str) -> bool {
     url.split_once("://")
         .and_then(|(_, rest)| rest.rsplit_once('@'))
         .is_some_and(|(userinfo, _)| userinfo.contains(':'))

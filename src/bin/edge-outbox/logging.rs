@@ -18,7 +18,10 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 use crate::{output, progress};
 
 /// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize, serde::Serialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.
     #[default]
@@ -26,6 +29,36 @@ pub enum LogFormat {
     /// One JSON object per line: `timestamp` (RFC 3339, UTC), `level`, `target`, `message` and
     /// `fields` (the event's other fields).
     Json,
+}
+
+/// The least severe lines written (`RUST_LOG`, when set and valid, overrides it).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize, serde::Serialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Nothing.
+    Off,
+    Error,
+    Warn,
+    /// Start, connections, stop, and what an operator acts on.
+    #[default]
+    Info,
+    Debug,
+    Trace,
+}
+
+impl From<LogLevel> for LevelFilter {
+    fn from(level: LogLevel) -> Self {
+        match level {
+            LogLevel::Off => LevelFilter::OFF,
+            LogLevel::Error => LevelFilter::ERROR,
+            LogLevel::Warn => LevelFilter::WARN,
+            LogLevel::Info => LevelFilter::INFO,
+            LogLevel::Debug => LevelFilter::DEBUG,
+            LogLevel::Trace => LevelFilter::TRACE,
+        }
+    }
 }
 
 /// A status line is on screen (no newline after it yet).

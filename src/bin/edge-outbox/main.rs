@@ -8,6 +8,8 @@
 
 mod broker_args;
 mod command;
+mod config_check;
+mod config_file;
 mod consume;
 mod db;
 mod dead_letters;
@@ -33,10 +35,11 @@ mod trust;
 #[cfg(feature = "signed-commands")]
 mod trusted_keys;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 use crate::exit::CliError;
 
@@ -214,8 +217,18 @@ enum Command {
     Relay {
         #[command(flatten)]
         store: Store,
+        /// Read the settings from this TOML file: every option has a key of its name (`db`,
+        /// `broker`, `max-in-flight`, ...); an option on the command line wins over its key.
+        /// `edge-outbox config check FILE` checks one.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
         #[command(flatten)]
         args: Box<relay::RelayArgs>,
+    },
+    /// The relay's config file.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
     },
     /// Send a command to a device: a CBOR envelope built from JSON, published at QoS 1.
     #[command(name = "send-command")]
@@ -239,11 +252,28 @@ enum Command {
     Broker(demo::BrokerArgs),
 }
 
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Check a relay config file, and print the settings `relay --config FILE [OPTIONS]` would
+    /// run with: every default written out, secrets redacted. Reads the TLS, password and key
+    /// files it names; opens no database and no connection. Exit 2 on any error, naming the
+    /// file, its line and the key.
+    Check {
+        /// The config file.
+        file: PathBuf,
+        #[command(flatten)]
+        store: Store,
+        #[command(flatten)]
+        args: Box<relay::RelayArgs>,
+    },
+}
+
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    // Help and version go to stdout with 0; usage errors to stderr with 2.
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
-        // Help and version go to stdout with 0; usage errors to stderr with 2.
-        Err(e) => e.exit(),
+        Err(e) => e.format(&mut Cli::command()).exit(),
     };
     if !matches!(cli.command, Command::Relay { .. }) {
         // The library logs little below warn; the relay sets its own level.
@@ -252,31 +282,72 @@ fn main() -> ExitCode {
     let (json, before) = (cli.json, &cli.store);
     let on = |store: &Store| Global::store(json, before, store);
     let without = |command: &str| Global::without_store(json, before, command);
-    let result = match &cli.command {
-        Command::Status { store } => status::run(&on(store)),
-        Command::Metrics { store } => metrics::run(&on(store)),
-        Command::Pending { store, args } => pending::run(&on(store), args),
-        Command::Inbox { store, args } => inbox::run(&on(store), args),
-        Command::DeadLetters { store, command } => dead_letters::run(&on(store), command),
-        Command::Purge { store, args } => purge::run(&on(store), args),
-        Command::Doctor { store, args } => doctor::run(&on(store), args),
+    let result = match cli.command {
+        Command::Status { store } => status::run(&on(&store)),
+        Command::Metrics { store } => metrics::run(&on(&store)),
+        Command::Pending { store, args } => pending::run(&on(&store), &args),
+        Command::Inbox { store, args } => inbox::run(&on(&store), &args),
+        Command::DeadLetters { store, command } => dead_letters::run(&on(&store), &command),
+        Command::Purge { store, args } => purge::run(&on(&store), &args),
+        Command::Doctor { store, args } => doctor::run(&on(&store), &args),
         #[cfg(feature = "signed-commands")]
-        Command::TrustedKeys { store, command } => trust::run(&on(store), command),
-        Command::Relay { store, args } => relay::run(&on(store), args),
-        Command::Consume(args) => without("consume").and_then(|g| consume::run(&g, args)),
-        Command::Send(args) => without("send-command").and_then(|g| command::send(&g, args)),
-        Command::Encode(args) => without("encode-command").and_then(|_| command::encode(args)),
+        Command::TrustedKeys { store, command } => trust::run(&on(&store), &command),
+        Command::Relay { store, config, args } => {
+            let given = matches.subcommand_matches("relay");
+            with_file(json, before, store, config.as_deref(), args, given)
+                .and_then(|(global, args)| relay::run(&global, &args))
+        }
+        Command::Config {
+            command: ConfigCommand::Check { file, store, args },
+        } => {
+            let given = matches
+                .subcommand_matches("config")
+                .and_then(|m| m.subcommand_matches("check"));
+            with_file(json, before, store, Some(&file), args, given)
+                .and_then(|(global, args)| config_check::run(&global, &args))
+        }
+        Command::Consume(args) => without("consume").and_then(|g| consume::run(&g, &args)),
+        Command::Send(args) => without("send-command").and_then(|g| command::send(&g, &args)),
+        Command::Encode(args) => without("encode-command").and_then(|_| command::encode(&args)),
         #[cfg(feature = "demo")]
         Command::Demo => without("demo").and_then(|g| demo::run(&g)),
         #[cfg(feature = "demo")]
-        Command::DemoChild(args) => demo::run_child(args),
+        Command::DemoChild(args) => demo::run_child(&args),
         #[cfg(feature = "demo")]
-        Command::Broker(args) => demo::run_broker(args),
+        Command::Broker(args) => demo::run_broker(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => e.report(),
     }
+}
+
+/// The relay's settings: the config file's keys (if one is named) under the command line's
+/// options. `given` holds the command's own matches, which say what the command line gave.
+fn with_file(
+    json: bool,
+    before: &StoreBefore,
+    mut store: Store,
+    file: Option<&Path>,
+    mut args: Box<relay::RelayArgs>,
+    given: Option<&ArgMatches>,
+) -> Result<(Global, relay::RelayArgs)> {
+    if let Some(path) = file {
+        let mut keys = config_file::load(path)?;
+        if [&before.db, &store.db].iter().all(|db| db.is_none())
+            && [&before.app, &store.app].iter().all(|app| app.is_none())
+        {
+            store.db = keys.db.take();
+            store.app = keys.app.take();
+        }
+        if before.busy_timeout.is_none() && store.busy_timeout.is_none() {
+            store.busy_timeout = keys.busy_timeout.take();
+        }
+        let on_command_line =
+            |id: &str| given.is_some_and(|m| m.value_source(id) == Some(ValueSource::CommandLine));
+        config_file::merge(keys, &mut args, on_command_line);
+    }
+    Ok((Global::store(json, before, &store), *args))
 }
 
 /// Shorthand for command results.

@@ -63,9 +63,10 @@ error (bad URL, TLS or password file), 3 database error, 4 another relay runs on
 pub struct RelayArgs {
     #[command(flatten)]
     pub broker: BrokerArgs,
-    /// MQTT client id of the publishing session: one per device.
+    /// MQTT client id of the publishing session: one per device (required, here or as
+    /// `client-id` in --config).
     #[arg(long, value_name = "ID")]
-    pub client_id: String,
+    pub client_id: Option<String>,
     /// Apply only commands signed by this key (repeatable): KEY_ID=FILE, the file holding the
     /// Ed25519 public key as 64 hex digits. The first start records the keys in the database;
     /// every later handle on it, this relay with no --trusted-key included, verifies with them.
@@ -159,10 +160,14 @@ pub struct RelayArgs {
     /// journald's and log shippers' JSON parsers).
     #[arg(long, value_name = "FORMAT", value_enum, default_value_t = logging::LogFormat::Text)]
     pub log_format: logging::LogFormat,
+    /// The least severe log lines written; RUST_LOG, when set, overrides it (e.g.
+    /// `edge_outbox=debug,rumqttc=warn`).
+    #[arg(long, value_name = "LEVEL", value_enum, default_value_t = logging::LogLevel::Info)]
+    pub log_level: logging::LogLevel,
 }
 
 /// An octal permission mode for `--metrics-mode`, at most 644 and at least 600.
-fn parse_mode(arg: &str) -> std::result::Result<u32, String> {
+pub fn parse_mode(arg: &str) -> std::result::Result<u32, String> {
     let mode = u32::from_str_radix(arg.trim_start_matches("0o"), 8)
         .map_err(|_| format!("{arg:?} is not an octal mode, e.g. 640"))?;
     if mode & !0o644 != 0 || mode & 0o600 != 0o600 {
@@ -174,7 +179,7 @@ fn parse_mode(arg: &str) -> std::result::Result<u32, String> {
 }
 
 /// `FILTER=SECS` for `--expire`.
-fn parse_lifetime(arg: &str) -> std::result::Result<(String, Duration), String> {
+pub fn parse_lifetime(arg: &str) -> std::result::Result<(String, Duration), String> {
     let (filter, secs) = arg
         .rsplit_once('=')
         .ok_or_else(|| format!("{arg:?}: expected FILTER=SECS, e.g. telemetry/#=3600"))?;
@@ -190,7 +195,7 @@ fn parse_lifetime(arg: &str) -> std::result::Result<(String, Duration), String> 
 }
 
 pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
-    logging::init_as(LevelFilter::INFO, args.log_format);
+    logging::init_as(LevelFilter::from(args.log_level), args.log_format);
     // Every argument is checked before anything is opened or created.
     let config = config(args)?;
     let path = db::path_creating_dir(global)?;
@@ -263,16 +268,24 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
     summarize(global, name, at_signal.as_ref(), pending)
 }
 
-/// Broker settings from the arguments; every problem is a usage error (exit 2).
-fn config(args: &RelayArgs) -> Result<RelayConfig> {
-    if args.client_id.is_empty() {
-        return Err(CliError::usage("--client-id must not be empty"));
-    }
+/// Broker settings from the arguments (and the config file's keys merged into them); every
+/// problem is a usage error (exit 2). Reads the password and TLS files, and opens nothing else.
+pub fn config(args: &RelayArgs) -> Result<RelayConfig> {
+    let client_id = match args.client_id.as_deref() {
+        None => {
+            return Err(CliError::usage(
+                "--client-id is required (or client-id in the --config file)",
+            ));
+        }
+        Some("") => return Err(CliError::usage("--client-id must not be empty")),
+        Some(id) => id,
+    };
+    check_pairs(args)?;
     let client_auth = args.cert.as_deref().zip(args.key.as_deref());
     let mut mqtt = args
         .broker
         .mqtt(client_auth)?
-        .client_id(&args.client_id)
+        .client_id(client_id)
         .topic_aliases(args.topic_aliases)
         .message_expiry(!args.no_message_expiry);
     if let Some(topic) = &args.status_topic {
@@ -280,7 +293,7 @@ fn config(args: &RelayArgs) -> Result<RelayConfig> {
     }
     let mut config = RelayConfig::new(mqtt)
         .status_file(true)
-        .source(args.src.as_deref().unwrap_or(&args.client_id))
+        .source(args.src.as_deref().unwrap_or(client_id))
         .max_in_flight(args.max_in_flight.into())
         .shutdown_timeout(Duration::from_secs(args.shutdown_timeout))
         .ack_timeout(Duration::from_secs(args.ack_timeout))
@@ -318,6 +331,48 @@ fn config(args: &RelayArgs) -> Result<RelayConfig> {
         config = config.expire_after(filter, *lifetime);
     }
     Ok(config)
+}
+
+/// Options that only mean something with another one. The command line checks these itself;
+/// this catches a config file's keys, or a key and an option, that leave one out.
+fn check_pairs(args: &RelayArgs) -> Result<()> {
+    let pairs = [
+        (args.cert.is_some(), args.key.is_some(), "cert", "key"),
+        (args.key.is_some(), args.cert.is_some(), "key", "cert"),
+        (
+            args.metrics_mode.is_some(),
+            args.metrics_file.is_some(),
+            "metrics-mode",
+            "metrics-file",
+        ),
+        (
+            args.commands_client_id.is_some(),
+            args.commands.is_some(),
+            "commands-client-id",
+            "commands",
+        ),
+        (
+            args.broker.password_file.is_some(),
+            args.broker.username.is_some(),
+            "password-file",
+            "username",
+        ),
+        (
+            args.broker.password_env.is_some(),
+            args.broker.username.is_some(),
+            "password-env",
+            "username",
+        ),
+    ];
+    if let Some((_, _, option, needs)) = pairs.iter().find(|(set, other, ..)| *set && !*other) {
+        return Err(CliError::usage(format!("{option} needs {needs} as well")));
+    }
+    if args.broker.password_file.is_some() && args.broker.password_env.is_some() {
+        return Err(CliError::usage(
+            "password-file and password-env both name the password: give one",
+        ));
+    }
+    Ok(())
 }
 
 /// The running relay's outputs: the live line (or, with --progress, the drain bar) on a
