@@ -432,3 +432,32 @@ fn the_example_config_checks_and_its_commented_keys_exist() -> TestResult {
     );
     Ok(())
 }
+
+/// `password-env` names a variable: an unset one is a usage error naming it, a set one is read
+/// and never printed.
+#[test]
+fn a_password_from_the_environment_is_read_and_never_shown() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let file = write(
+        dir.path(),
+        "env.toml",
+        "broker = \"mqtt://h\"\nclient-id = \"x\"\nusername = \"u\"\npassword-env = \"EDGE_OUTBOX_TEST_PASSWORD\"\n",
+    )?;
+    let path = file.to_string_lossy();
+    let unset = Command::new(env!("CARGO_BIN_EXE_edge-outbox"))
+        .args(["config", "check", &path])
+        .env_remove("EDGE_OUTBOX_TEST_PASSWORD")
+        .output()?;
+    assert_eq!(unset.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&unset.stderr).contains("EDGE_OUTBOX_TEST_PASSWORD"));
+    let set = Command::new(env!("CARGO_BIN_EXE_edge-outbox"))
+        .args(["--json", "config", "check", &path])
+        .env("EDGE_OUTBOX_TEST_PASSWORD", "s3cret-from-env")
+        .output()?;
+    assert!(set.status.success(), "{}", String::from_utf8_lossy(&set.stderr));
+    let s: Value = serde_json::from_slice(&set.stdout)?;
+    assert_eq!(s["password-env"], "EDGE_OUTBOX_TEST_PASSWORD");
+    assert!(!String::from_utf8_lossy(&set.stdout).contains("s3cret-from-env"));
+    assert!(!String::from_utf8_lossy(&set.stderr).contains("s3cret-from-env"));
+    Ok(())
+}
