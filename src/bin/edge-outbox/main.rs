@@ -23,6 +23,8 @@ mod logging;
 mod metrics;
 mod notify;
 mod output;
+#[cfg(feature = "package-assets")]
+mod package_assets;
 mod pending;
 mod progress;
 mod purge;
@@ -269,6 +271,10 @@ enum ConfigCommand {
 }
 
 fn main() -> ExitCode {
+    #[cfg(feature = "package-assets")]
+    if let Some(code) = package_assets::intercept(Cli::command()) {
+        return code;
+    }
     // Help and version go to stdout with 0; usage errors to stderr with 2.
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
