@@ -130,6 +130,70 @@ fn ready_status_watchdog_and_stopping_arrive_on_a_real_notify_socket() -> TestRe
     Ok(())
 }
 
+/// `systemctl reload` (the unit's `ExecReload` sends SIGHUP): `RELOADING=1`, then `READY=1`
+/// once the relay runs again with the re-read file, and the watchdog fed again after it.
+#[test]
+fn a_reload_says_reloading_then_ready() -> TestResult {
+    let broker = Broker::start()?;
+    let dir = tempfile::tempdir()?;
+    let (socket, path) = listen(dir.path())?;
+    let file = dir.path().join("relay.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "db = {:?}\nbroker = \"mqtt://{}\"\nclient-id = \"notified\"\n",
+            dir.path().join("device.db").to_string_lossy(),
+            broker.addr()
+        ),
+    )?;
+    let child = Command::new(env!("CARGO_BIN_EXE_edge-outbox"))
+        .args(["relay", "--config", &file.to_string_lossy()])
+        .env("NOTIFY_SOCKET", &path)
+        .env("WATCHDOG_USEC", WATCHDOG.as_micros().to_string())
+        .env_remove("WATCHDOG_PID")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(File::create(dir.path().join("relay.stderr"))?)
+        .spawn()?;
+    let mut child = ChildGuard::new(child);
+    let mut notes = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while count(&notes, "READY=1") == 0 && Instant::now() < deadline {
+        collect(&socket, Duration::from_millis(200), &mut notes);
+    }
+    assert_eq!(count(&notes, "READY=1"), 1, "READY=1 once at start");
+    let status = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()?;
+    assert!(status.success(), "kill -HUP");
+    let deadline = Instant::now() + WAIT;
+    while count(&notes, "READY=1") < 2 && Instant::now() < deadline {
+        collect(&socket, Duration::from_millis(200), &mut notes);
+    }
+    let texts: Vec<&str> = notes.iter().map(|n| n.text.as_str()).collect();
+    let reloading = texts.iter().position(|t| t.lines().any(|l| l == "RELOADING=1"));
+    let ready_again = texts
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.lines().any(|l| l == "READY=1"))
+        .nth(1)
+        .map(|(i, _)| i);
+    assert!(
+        reloading.is_some() && reloading < ready_again,
+        "RELOADING=1, then READY=1: {texts:?}"
+    );
+    let before = count(&notes, "WATCHDOG=1");
+    collect(&socket, WATCHDOG * 2, &mut notes);
+    assert!(
+        count(&notes, "WATCHDOG=1") > before,
+        "no watchdog ping after the reload"
+    );
+    sigterm(&child)?;
+    assert!(wait_exit(&mut child)?.success());
+    Ok(())
+}
+
 /// Needs the `failpoints` feature (the hang); the ARM stage's suite is built without it.
 #[cfg(feature = "failpoints")]
 #[test]

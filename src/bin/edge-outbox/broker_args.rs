@@ -8,7 +8,7 @@ use edge_outbox::{MqttConfig, Protocol, TlsConfig};
 use crate::Result;
 use crate::exit::CliError;
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct BrokerArgs {
     /// mqtt://[USER[:PASSWORD]@]HOST[:PORT] (plain TCP, default port 1883) or mqtts://... (TLS,
     /// default port 8883, the system's CAs unless --ca). Repeat it for a failover list (the nodes

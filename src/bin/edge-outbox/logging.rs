@@ -5,6 +5,7 @@
 //! line is written above the drain bar instead.
 
 use std::io::{self, IsTerminal as _, Write};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::{Map, Value};
@@ -13,6 +14,8 @@ use tracing::level_filters::LevelFilter;
 use tracing::{Event, Subscriber};
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt as _};
+use tracing_subscriber::registry::Registry;
+use tracing_subscriber::reload;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
 use crate::{output, progress};
@@ -71,22 +74,34 @@ pub fn init(default: LevelFilter) {
     init_as(default, LogFormat::Text);
 }
 
+/// The installed filter, which a reload's new `log-level` replaces (unless RUST_LOG set it).
+static FILTER: OnceLock<(reload::Handle<Targets, Registry>, bool)> = OnceLock::new();
+
+/// The filter of a level: the demo's in-process broker logs every connection it sees close,
+/// which is not news here.
+fn level_filter(level: LevelFilter) -> Targets {
+    Targets::new()
+        .with_default(level)
+        .with_target("rumqttd", LevelFilter::OFF)
+}
+
 /// [`init`], in `format`.
 pub fn init_as(default: LevelFilter, format: LogFormat) {
-    // The demo's in-process broker logs every connection it sees close; that is not news here.
-    let fallback = Targets::new()
-        .with_default(default)
-        .with_target("rumqttd", LevelFilter::OFF);
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(spec) if !spec.trim().is_empty() => spec.parse::<Targets>().unwrap_or_else(|e| {
-            let _ = writeln!(
-                io::stderr(),
-                "edge-outbox: warning: ignoring RUST_LOG={spec:?}: {e}"
-            );
-            fallback
-        }),
-        _ => fallback,
+    let fallback = level_filter(default);
+    let (filter, from_env) = match std::env::var("RUST_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => match spec.parse::<Targets>() {
+            Ok(filter) => (filter, true),
+            Err(e) => {
+                let _ = writeln!(
+                    io::stderr(),
+                    "edge-outbox: warning: ignoring RUST_LOG={spec:?}: {e}"
+                );
+                (fallback, false)
+            }
+        },
+        _ => (fallback, false),
     };
+    let (filter, handle) = reload::Layer::new(filter);
     let text = (format == LogFormat::Text).then(|| {
         tracing_subscriber::fmt::layer()
             .with_writer(|| LogWriter)
@@ -94,11 +109,28 @@ pub fn init_as(default: LevelFilter, format: LogFormat) {
     });
     let json = (format == LogFormat::Json).then_some(JsonLines);
     // Fails only if a subscriber is already set, in which case that one logs.
-    let _ = tracing_subscriber::registry()
+    if tracing_subscriber::registry()
+        .with(filter)
         .with(text)
         .with(json)
-        .with(filter)
-        .try_init();
+        .try_init()
+        .is_ok()
+    {
+        let _ = FILTER.set((handle, from_env));
+    }
+}
+
+/// Replaces the level set at [`init_as`]. `Ok(false)`: RUST_LOG chose the filter, and it
+/// stays.
+pub fn set_level(level: LevelFilter) -> Result<bool, String> {
+    match FILTER.get() {
+        None => Err("no log subscriber of ours is installed".to_owned()),
+        Some((_, true)) => Ok(false),
+        Some((handle, false)) => handle
+            .reload(level_filter(level))
+            .map(|()| true)
+            .map_err(|e| e.to_string()),
+    }
 }
 
 /// Writes each event as one JSON object on one line. serde_json escapes what the fields hold

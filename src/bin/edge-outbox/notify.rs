@@ -77,6 +77,13 @@ impl Notifier {
         self.send(&format!("READY=1\nSTATUS={}", one_line(status)));
     }
 
+    /// `RELOADING=1`, until the next [`Notifier::ready`]. (`MONOTONIC_USEC`, which only
+    /// `Type=notify-reload` units need, is left out: the shipped unit is `Type=notify` with an
+    /// `ExecReload`.)
+    pub fn reloading(&self) {
+        self.send("RELOADING=1\nSTATUS=reloading its settings");
+    }
+
     /// `STOPPING=1`.
     pub fn stopping(&self) {
         self.send("STOPPING=1\nSTATUS=stopping");

@@ -11,10 +11,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use crossbeam_channel::RecvTimeoutError;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use edge_outbox::{Batching, Compression, Relay, RelayConfig, Status};
 use serde_json::json;
-use signal_hook::consts::{SIGINT, SIGTERM};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
 use tracing::level_filters::LevelFilter;
 
@@ -23,6 +23,7 @@ use crate::exit::CliError;
 use crate::notify::Notifier;
 use crate::output::{self, bytes, duration};
 use crate::progress::DrainBar;
+use crate::reload::{self, Reread};
 use crate::{Global, Result, db, logging};
 
 /// How often the live status line is redrawn on a terminal.
@@ -32,7 +33,7 @@ const LOG_EVERY: Duration = Duration::from_secs(60);
 /// Off a terminal, how often the command checks that the relay's threads still run.
 const CHECK_EVERY: Duration = Duration::from_secs(5);
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 #[command(after_help = "\
 The database is created if it does not exist (other commands never create it). Other processes \
 write to it through the SQL contract (docs/schema.md) and the relay notices their commits \
@@ -194,7 +195,19 @@ pub fn parse_lifetime(arg: &str) -> std::result::Result<(String, Duration), Stri
     Ok((filter.to_owned(), Duration::from_secs(secs)))
 }
 
-pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
+/// Why [`Watch::until_stop`] returned.
+enum Stop {
+    /// SIGINT or SIGTERM.
+    Signal(i32),
+    /// SIGHUP: re-read the settings.
+    Reload,
+    /// A relay thread ended on its own, or the database file is damaged.
+    Ended,
+}
+
+/// Runs the relay until SIGINT or SIGTERM. With `reread` (a `--config` file), SIGHUP applies
+/// the file's settings again (`reload.rs` says what changes and how).
+pub fn run(global: &Global, args: &RelayArgs, reread: Option<Reread<'_>>) -> Result<()> {
     logging::init_as(LevelFilter::from(args.log_level), args.log_format);
     // Every argument is checked before anything is opened or created.
     let config = config(args)?;
@@ -217,18 +230,13 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
         // signal checks the flag before the thread that sets it can wake up.
         signal_hook::flag::register_conditional_shutdown(signal, 1, stopping.clone()).map_err(installing)?;
     }
-    let signals = Signals::new([SIGINT, SIGTERM]).map_err(installing)?;
-    let relay = Relay::start(&outbox, config.clone())?;
+    let signals = Signals::new([SIGINT, SIGTERM, SIGHUP]).map_err(installing)?;
+    let (handle, received, waiter) = forward_signals(signals, &stopping)?;
+    let mut relay = Relay::start(&outbox, config.clone())?;
     let broker = format!("{}:{}", config.mqtt().host(), config.mqtt().port());
     // The lock is held and the database open: ready, as far as a service manager can tell.
     let mut notifier = Notifier::from_env();
-    match relay.status() {
-        Ok(s) => notifier.ready(&live_line(&broker, &s)),
-        Err(e) => {
-            tracing::warn!(target: "edge_outbox::cli", error = %e, "could not read the relay's status");
-            notifier.ready(&format!("starting: connecting to {broker}"));
-        }
-    }
+    notifier.ready(&first_line(&relay, &broker));
     let tty = std::io::stderr().is_terminal();
     if args.progress && !tty {
         tracing::info!(target: "edge_outbox::cli", "--progress: stderr is not a terminal, no bar drawn");
@@ -239,9 +247,36 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
         bar: (args.progress && tty).then(DrainBar::stderr),
         notifier,
     };
-    let signal = watch.until_stop(&relay, signals, &stopping)?;
+    let mut running = args.clone();
+    let signal = loop {
+        match watch.until_stop(&relay, &received) {
+            Stop::Signal(signal) => break Some(signal),
+            Stop::Ended => break None,
+            Stop::Reload => {
+                let Some(plan) = reload::plan(reread, global, &path, &running) else {
+                    continue;
+                };
+                watch.notifier.reloading();
+                tracing::info!(target: "edge_outbox::cli", "reload: stopping the relay's threads to start them with the new settings");
+                if let Err(e) = relay.shutdown() {
+                    return Err(CliError::runtime(format!("a relay thread stopped: {e}")));
+                }
+                relay = Relay::start(&outbox, plan.config.clone())?;
+                apply_log_level(&running, &plan.args);
+                for change in &plan.changes {
+                    tracing::info!(target: "edge_outbox::cli", change = %change, "reload: applied");
+                }
+                tracing::info!(target: "edge_outbox::cli", changed = plan.changes.len(), "reload: done; credentials and certificates read again");
+                watch.broker = format!("{}:{}", plan.config.mqtt().host(), plan.config.mqtt().port());
+                watch.notifier.ready(&first_line(&relay, &watch.broker));
+                running = plan.args;
+            }
+        }
+    };
     watch.notifier.stopping();
     drop(watch);
+    handle.close();
+    let _ = waiter.join();
 
     if let Some(signal) = signal {
         tracing::info!(target: "edge_outbox::cli", signal = signal_name(signal), "stopping");
@@ -266,6 +301,61 @@ pub fn run(global: &Global, args: &RelayArgs) -> Result<()> {
     let name = signal_name(signal);
     let pending = outbox.stats().map(|s| s.pending_messages).ok();
     summarize(global, name, at_signal.as_ref(), pending)
+}
+
+/// The status line that goes with `READY=1`.
+fn first_line(relay: &Relay, broker: &str) -> String {
+    match relay.status() {
+        Ok(s) => live_line(broker, &s),
+        Err(e) => {
+            tracing::warn!(target: "edge_outbox::cli", error = %e, "could not read the relay's status");
+            format!("starting: connecting to {broker}")
+        }
+    }
+}
+
+/// A reload's new log level, unless RUST_LOG chose the filter.
+fn apply_log_level(running: &RelayArgs, new: &RelayArgs) {
+    if running.log_level == new.log_level {
+        return;
+    }
+    match logging::set_level(LevelFilter::from(new.log_level)) {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(target: "edge_outbox::cli", "reload: RUST_LOG is set and chooses the log filter; log-level not applied")
+        }
+        Err(e) => tracing::warn!(target: "edge_outbox::cli", error = %e, "reload: log-level not applied"),
+    }
+}
+
+/// A thread that hands each signal to the main loop; SIGINT and SIGTERM also set `stopping`
+/// (a second one then exits at once).
+fn forward_signals(
+    signals: Signals,
+    stopping: &Arc<AtomicBool>,
+) -> Result<(
+    signal_hook::iterator::Handle,
+    Receiver<i32>,
+    thread::JoinHandle<()>,
+)> {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let handle = signals.handle();
+    let stopping = stopping.clone();
+    let waiter = thread::Builder::new()
+        .name("edge-outbox-signals".into())
+        .spawn(move || {
+            let mut signals = signals;
+            for signal in signals.forever() {
+                if signal != SIGHUP {
+                    stopping.store(true, Ordering::SeqCst);
+                }
+                if tx.send(signal).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(|e| CliError::runtime(format!("spawning the signal thread: {e}")))?;
+    Ok((handle, rx, waiter))
 }
 
 /// Broker settings from the arguments (and the config file's keys merged into them); every
@@ -387,33 +477,15 @@ struct Watch {
 }
 
 impl Watch {
-    /// Reports until a signal arrives (returns it) or a relay thread ends (returns None).
-    fn until_stop(
-        &mut self,
-        relay: &Relay,
-        signals: Signals,
-        stopping: &Arc<AtomicBool>,
-    ) -> Result<Option<i32>> {
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        let handle = signals.handle();
-        let stopping_flag = stopping.clone();
-        let waiter = thread::Builder::new()
-            .name("edge-outbox-signals".into())
-            .spawn(move || {
-                let mut signals = signals;
-                if let Some(signal) = signals.forever().next() {
-                    stopping_flag.store(true, Ordering::SeqCst);
-                    let _ = tx.send(signal);
-                }
-            })
-            .map_err(|e| CliError::runtime(format!("spawning the signal thread: {e}")))?;
+    /// Reports until a signal arrives or a relay thread ends.
+    fn until_stop(&mut self, relay: &Relay, signals: &Receiver<i32>) -> Stop {
         let tick = if self.tty { LIVE_TICK } else { CHECK_EVERY };
         let tick = self.notifier.tick_every().map_or(tick, |w| w.min(tick));
         let mut last_log = Instant::now();
         let mut status_failed = false;
-        let signal = loop {
+        loop {
             if relay.is_finished() {
-                break None;
+                return Stop::Ended;
             }
             let status = match relay.status() {
                 Ok(s) => {
@@ -431,7 +503,7 @@ impl Watch {
             };
             if status.as_ref().is_some_and(|s| s.database_damaged.is_some()) {
                 // The next start salvages the file: exit for the supervisor to restart us.
-                break None;
+                return Stop::Ended;
             }
             if let Some(s) = &status {
                 let broker = s.broker.as_deref().unwrap_or(&self.broker);
@@ -448,15 +520,13 @@ impl Watch {
                     log_summary(&s);
                 }
             }
-            match rx.recv_timeout(tick) {
-                Ok(signal) => break Some(signal),
+            match signals.recv_timeout(tick) {
+                Ok(SIGHUP) => return Stop::Reload,
+                Ok(signal) => return Stop::Signal(signal),
                 Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break Some(SIGTERM),
+                Err(RecvTimeoutError::Disconnected) => return Stop::Signal(SIGTERM),
             }
-        };
-        handle.close();
-        let _ = waiter.join();
-        Ok(signal)
+        }
     }
 }
 
