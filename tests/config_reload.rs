@@ -294,3 +294,18 @@ fn sighup_without_a_config_file_is_logged_and_changes_nothing() -> TestResult {
     assert_eq!(stop(relay)?, Some(0));
     Ok(())
 }
+
+/// The broken build the rotation test catches: a reload that restarts with the old settings.
+#[cfg(feature = "mutants")]
+#[test]
+fn the_reload_keeps_running_config_mutant_is_caught() -> TestResult {
+    if support::mutant::in_mutant_run() {
+        return Ok(());
+    }
+    support::mutant::caught_by(
+        "reload-keeps-running-config",
+        "sighup_applies_a_rotated_password_and_new_pacing_and_loses_nothing",
+        "committed messages lost",
+    )?;
+    Ok(())
+}

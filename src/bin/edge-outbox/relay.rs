@@ -261,7 +261,12 @@ pub fn run(global: &Global, args: &RelayArgs, reread: Option<Reread<'_>>) -> Res
                 if let Err(e) = relay.shutdown() {
                     return Err(CliError::runtime(format!("a relay thread stopped: {e}")));
                 }
-                relay = Relay::start(&outbox, plan.config.clone())?;
+                let applied = if edge_outbox::mutant::active("reload-keeps-running-config") {
+                    config.clone()
+                } else {
+                    plan.config.clone()
+                };
+                relay = Relay::start(&outbox, applied)?;
                 apply_log_level(&running, &plan.args);
                 for change in &plan.changes {
                     tracing::info!(target: "edge_outbox::cli", change = %change, "reload: applied");
