@@ -33,15 +33,20 @@ fn signal(pid: u32, name: &str) -> TestResult {
     Ok(())
 }
 
-/// The relay from a config file alone, its JSON log lines in `log`.
-fn relay(file: &Path, log: &Path) -> TestResult<Child> {
+/// `edge-outbox ARGS...`, its log lines (JSON, as the tests ask) in `log`.
+fn relay(args: &[&str], log: &Path) -> TestResult<Child> {
     Ok(Command::new(env!("CARGO_BIN_EXE_edge-outbox"))
-        .args(["relay", "--config", &file.to_string_lossy()])
+        .args(args)
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log)?)
         .spawn()?)
+}
+
+/// The relay from a config file alone.
+fn relay_from(file: &Path, log: &Path) -> TestResult<Child> {
+    relay(&["relay", "--config", &file.to_string_lossy()], log)
 }
 
 /// The log's records, parsed (each line one JSON object).
@@ -134,7 +139,7 @@ fn sighup_applies_a_rotated_password_and_new_pacing_and_loses_nothing() -> TestR
     );
 
     let log = dir.path().join("relay.log");
-    let relay = ChildGuard::new(relay(&file, &log)?);
+    let relay = ChildGuard::new(relay_from(&file, &log)?);
     let pid = relay.id();
     let mut committed = commit_orders(&outbox, &["a", "b"], 30, 0);
     assert!(
@@ -211,7 +216,7 @@ fn a_bad_reload_changes_nothing_and_a_restart_only_setting_stays() -> TestResult
     write(&file, &good)?;
     let sub = Subscriber::start(broker.addr(), "orders/#")?;
     let log = dir.path().join("relay.log");
-    let relay = ChildGuard::new(relay(&file, &log)?);
+    let relay = ChildGuard::new(relay_from(&file, &log)?);
     let pid = relay.id();
     let mut committed = commit_orders(&outbox, &["a"], 10, 0);
     assert!(check::wait_for_unique(&sub, 10, WAIT));
@@ -267,19 +272,21 @@ fn sighup_without_a_config_file_is_logged_and_changes_nothing() -> TestResult {
     let outbox = open_device(dir.path());
     let db = dir.path().join("device.db");
     let log = dir.path().join("relay.log");
-    let child = Command::new(env!("CARGO_BIN_EXE_edge-outbox"))
-        .args(["relay", "--db", &db.to_string_lossy(), "--log-format", "json"])
-        .args([
+    let (db, url) = (db.to_string_lossy(), format!("mqtt://{}", broker.addr()));
+    let child = relay(
+        &[
+            "relay",
+            "--db",
+            &db,
+            "--log-format",
+            "json",
             "--broker",
-            &format!("mqtt://{}", broker.addr()),
+            &url,
             "--client-id",
             "no-file",
-        ])
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
-        .spawn()?;
+        ],
+        &log,
+    )?;
     let relay = ChildGuard::new(child);
     let sub = Subscriber::start(broker.addr(), "orders/#")?;
     assert!(sub.wait_subscribed(1, WAIT));

@@ -299,19 +299,19 @@ fn main() -> ExitCode {
         Command::Doctor { store, args } => doctor::run(&on(&store), &args),
         #[cfg(feature = "signed-commands")]
         Command::TrustedKeys { store, command } => trust::run(&on(&store), &command),
-        Command::Relay { store, config, args } => {
+        Command::Relay { config, .. } => {
+            // The settings are read from the command line's matches and the file, at the start
+            // and again on each reload.
             let given = matches.subcommand_matches("relay");
-            // A reload reads the file again under the same command line.
-            let reread = || -> Result<(Global, relay::RelayArgs)> {
+            let read = || -> Result<(Global, relay::RelayArgs)> {
                 let m = given.ok_or_else(|| CliError::runtime("the relay's command line is gone"))?;
                 let usage = |e: clap::Error| CliError::usage(e.to_string());
                 let store = Store::from_arg_matches(m).map_err(usage)?;
                 let args = Box::new(relay::RelayArgs::from_arg_matches(m).map_err(usage)?);
                 with_file(json, before, store, config.as_deref(), args, given)
             };
-            let reread = config.is_some().then_some(&reread as reload::Reread<'_>);
-            with_file(json, before, store, config.as_deref(), args, given)
-                .and_then(|(global, args)| relay::run(&global, &args, reread))
+            let reread = config.is_some().then_some(&read as reload::Reread<'_>);
+            read().and_then(|(global, args)| relay::run(&global, &args, reread))
         }
         Command::Config {
             command: ConfigCommand::Check { file, store, args },

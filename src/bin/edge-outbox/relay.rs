@@ -233,7 +233,7 @@ pub fn run(global: &Global, args: &RelayArgs, reread: Option<Reread<'_>>) -> Res
     let signals = Signals::new([SIGINT, SIGTERM, SIGHUP]).map_err(installing)?;
     let (handle, received, waiter) = forward_signals(signals, &stopping)?;
     let mut relay = Relay::start(&outbox, config.clone())?;
-    let broker = format!("{}:{}", config.mqtt().host(), config.mqtt().port());
+    let broker = broker_of(&config);
     // The lock is held and the database open: ready, as far as a service manager can tell.
     let mut notifier = Notifier::from_env();
     notifier.ready(&first_line(&relay, &broker));
@@ -272,7 +272,7 @@ pub fn run(global: &Global, args: &RelayArgs, reread: Option<Reread<'_>>) -> Res
                     tracing::info!(target: "edge_outbox::cli", change = %change, "reload: applied");
                 }
                 tracing::info!(target: "edge_outbox::cli", changed = plan.changes.len(), "reload: done; credentials and certificates read again");
-                watch.broker = format!("{}:{}", plan.config.mqtt().host(), plan.config.mqtt().port());
+                watch.broker = broker_of(&plan.config);
                 watch.notifier.ready(&first_line(&relay, &watch.broker));
                 running = plan.args;
             }
@@ -306,6 +306,11 @@ pub fn run(global: &Global, args: &RelayArgs, reread: Option<Reread<'_>>) -> Res
     let name = signal_name(signal);
     let pending = outbox.stats().map(|s| s.pending_messages).ok();
     summarize(global, name, at_signal.as_ref(), pending)
+}
+
+/// `HOST:PORT` of the first broker, for status lines until the relay names the one it uses.
+fn broker_of(config: &RelayConfig) -> String {
+    format!("{}:{}", config.mqtt().host(), config.mqtt().port())
 }
 
 /// The status line that goes with `READY=1`.
