@@ -40,6 +40,20 @@ pub enum Error {
         /// The configured maximum, in bytes.
         max: usize,
     },
+    /// A payload does not match the schema registered for its topic (feature `schemas`): the
+    /// transaction fails and nothing of it is committed.
+    SchemaViolation {
+        /// The message's topic.
+        topic: String,
+        /// The schema checked against: event type and version (`order.placed v2`).
+        schema: String,
+        /// The schema's rule for the payload.
+        rule: String,
+        /// Where in the payload it fails: `$` is the payload, `$.items[2].qty` a field in it.
+        path: String,
+        /// What the schema expected there.
+        reason: String,
+    },
     /// A value could not be encoded to CBOR.
     Encode(String),
     /// Bytes could not be decoded (a malformed envelope, payload or command).
@@ -230,6 +244,16 @@ impl fmt::Display for Error {
                 f,
                 "payload of {size} bytes exceeds the maximum of {max} bytes: \
                  send a smaller message or raise the limit (and the broker's)"
+            ),
+            Error::SchemaViolation {
+                topic,
+                schema,
+                rule,
+                path,
+                reason,
+            } => write!(
+                f,
+                "payload for topic {topic:?} does not match schema {schema} (rule {rule}) at {path}: {reason}"
             ),
             Error::Encode(why) => write!(f, "cannot encode value as CBOR: {why}"),
             Error::Decode(why) => write!(f, "malformed input: {why}"),

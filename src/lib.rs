@@ -128,6 +128,8 @@ mod mqtt;
 #[doc(hidden)]
 pub mod mutant;
 mod payload_de;
+#[cfg(feature = "schemas")]
+mod payload_schema;
 mod publish;
 mod relay;
 mod relay_config;
@@ -150,6 +152,8 @@ pub use envelope::{Envelope, GapCause, GapNotice, MessageId, Published};
 pub use error::{Error, Result};
 pub use mqtt::status::AckLatency;
 pub use mqtt::{MqttConfig, Protocol, TlsConfig, redact_url, subscribe};
+#[cfg(feature = "schemas")]
+pub use payload_schema::EventSchema;
 pub use relay::{Relay, Status};
 pub use relay_config::RelayConfig;
 pub use report::RelayReport;

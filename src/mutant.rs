@@ -89,6 +89,12 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     ("lanes-lowest-first", "tests/priority.rs"),
     // The pace is ignored: a backlog goes out at the link's full rate.
     ("pace-ignored", "tests/pacing.rs"),
+    // `Tx::publish` and `Tx::send` skip the payload schema: an invalid event commits with its
+    // business change.
+    ("schema-unchecked-at-write", "tests/payload_schemas.rs"),
+    // The relay publishes a row another writer committed without checking it against its schema:
+    // an invalid event reaches the cloud.
+    ("schema-unchecked-at-relay", "tests/payload_schemas.rs"),
 ];
 
 /// Mutants of the publishing core that its model (`src/publish/core/model`, run by

@@ -427,9 +427,40 @@ fn a_version_1_inbox_is_migrated_to_version_2_with_its_commands() -> TestResult 
     Ok(())
 }
 
+/// Undoes migration 9 on `conn`'s file: no payload schemas table.
+fn down_to_8(conn: &rusqlite::Connection) -> TestResult {
+    conn.execute_batch(
+        "DROP TABLE edge_outbox_schemas;
+         UPDATE edge_outbox_meta SET value = 8 WHERE name = 'schema_version';",
+    )?;
+    Ok(())
+}
+
+/// A version 8 file is migrated to version 9 in place: it keeps its pending messages and gets the
+/// payload schemas table, with the shape of a file this build creates.
+#[test]
+fn a_version_8_file_gets_the_schemas_table_and_keeps_its_messages() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    let fresh = {
+        let outbox = Outbox::open(&path)?;
+        outbox.transaction(|tx| tx.publish("t", "k", &1))?;
+        let fresh = shape(&outbox)?;
+        drop(outbox);
+        down_to_8(&rusqlite::Connection::open(&path)?)?;
+        fresh
+    };
+    let outbox = Outbox::open(&path)?;
+    assert_eq!(schema_version(&outbox)?, SCHEMA_VERSION);
+    assert_eq!(outbox.stats()?.pending_messages, 1);
+    assert_eq!(query_i64(&outbox, "SELECT count(*) FROM edge_outbox_schemas")?, 0);
+    assert_eq!(shape(&outbox)?, fresh);
+    Ok(())
+}
+
 /// Undoes migration 8 on `conn`'s file: what a version 7 build left, its rejections written as
 /// version 7 wrote them (dead, and copied into the dead letters).
 fn down_to_7(conn: &rusqlite::Connection) -> TestResult {
+    down_to_8(conn)?;
     conn.execute_batch(
         "INSERT INTO dead_letters (origin, message_id, topic, key, payload, event_type, headers,
                                    reason, attempts, created_at)

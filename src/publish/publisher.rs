@@ -260,6 +260,8 @@ impl Publisher {
             epochs: &d.epochs,
             allow_dollar: self.options.limits.dollar_topics_allowed(),
             ttl: &self.config.ttl,
+            #[cfg(feature = "schemas")]
+            schemas: Some(&self.options.limits.schemas),
         };
         let read = reader::read(&self.conn, &ctx, req)?;
         if let Some(last) = read.last_seq()

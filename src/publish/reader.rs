@@ -16,6 +16,9 @@ pub(crate) struct Context<'a> {
     pub epochs: &'a Epochs,
     pub allow_dollar: bool,
     pub ttl: &'a [(String, std::time::Duration)],
+    /// The file's payload schemas: a row that does not match its schema is not published.
+    #[cfg(feature = "schemas")]
+    pub schemas: Option<&'a crate::payload_schema::Registry>,
 }
 
 /// Reads what `req` asks for. Nothing is written.
@@ -29,6 +32,8 @@ pub(crate) fn read(conn: &Connection, ctx: &Context<'_>, req: &ReadRequest) -> R
         allow_dollar: ctx.allow_dollar,
         ttl: ctx.ttl,
         now_ms: req.now_ms,
+        #[cfg(feature = "schemas")]
+        schemas: ctx.schemas,
     };
     let mut out = ReadResult::default();
     let query = gaps::GapQuery {

@@ -45,6 +45,9 @@ pub(crate) struct Encoding<'a> {
     pub ttl: &'a [(String, std::time::Duration)],
     /// Now, in Unix ms: a row whose expiry is at or before it is expired.
     pub now_ms: i64,
+    /// The file's payload schemas (see [`super::reader::Context::schemas`]).
+    #[cfg(feature = "schemas")]
+    pub schemas: Option<&'a crate::payload_schema::Registry>,
 }
 
 /// How much one read got.
@@ -184,6 +187,10 @@ fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Resul
         ValueRef::Null => None,
         _ => return Err("headers are not a CBOR blob".into()),
     };
+    #[cfg(feature = "schemas")]
+    if let Some(registry) = cfg.schemas.filter(|r| !r.is_empty()) {
+        check_schema(registry, &topic, event_type, headers, &payload)?;
+    }
     let created_ms: i64 = row.get(7).map_err(get)?;
     let mut envelope = Vec::with_capacity(96);
     let (epoch, wire_seq) = cfg.epochs.locate(seq);
@@ -274,6 +281,36 @@ pub(crate) fn mark_acked(conn: &mut Connection, options: &Options, seqs: &mut Ve
     }
     tx.commit()?;
     Ok(())
+}
+
+/// A row written by another writer (the SQL contract) is checked against its schema before it
+/// is published; one that does not match cannot be published, and is dead-lettered with why.
+#[cfg(feature = "schemas")]
+fn check_schema(
+    registry: &crate::payload_schema::Registry,
+    topic: &str,
+    event_type: Option<&str>,
+    headers: Option<&[u8]>,
+    payload: &Payload<'_>,
+) -> std::result::Result<(), String> {
+    if crate::mutant::active("schema-unchecked-at-relay") {
+        return Ok(());
+    }
+    let version = crate::payload_schema::headers(headers)
+        .map(|h| crate::payload_schema::version_of(&h))
+        .map_err(|e| format!("headers are not a CBOR map of text: {e}"))?;
+    let text;
+    let cbor = match payload {
+        Payload::Cbor(b) => *b,
+        Payload::Text(t) => {
+            text = crate::envelope::to_cbor(t).map_err(|e| e.to_string())?;
+            &text
+        }
+    };
+    registry
+        .check(topic, event_type, version, cbor)
+        .map(|_| ())
+        .map_err(|v| v.to_string())
 }
 
 /// Moves rows that can never be published to the dead letters, with the reason, and records

@@ -474,7 +474,10 @@ fn publish_reply(
             tx.execute_batch("ROLLBACK TO reply; RELEASE reply")?;
             if !matches!(
                 e,
-                Error::InvalidTopic { .. } | Error::PayloadTooLarge { .. } | Error::InvalidConfig(_)
+                Error::InvalidTopic { .. }
+                    | Error::PayloadTooLarge { .. }
+                    | Error::InvalidConfig(_)
+                    | Error::SchemaViolation { .. }
             ) {
                 return Err(e);
             }

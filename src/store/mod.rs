@@ -101,8 +101,16 @@ impl Outbox {
     /// Opens the store at `path` with `options`.
     pub fn open_with(path: impl AsRef<Path>, options: Options) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
+        #[cfg(feature = "schemas")]
+        let mut options = options;
         let mut conn = open_checked(&path, &options)?;
         epoch::check_file(&mut conn, &path)?;
+        #[cfg(feature = "schemas")]
+        {
+            let registry =
+                crate::payload_schema::adopt_on_open(&mut conn, &options.schemas, options.strict_schemas)?;
+            options.limits.schemas = Arc::new(registry);
+        }
         #[cfg(feature = "signed-commands")]
         if let Some(keys) = &options.trusted_keys {
             signing::adopt_on_open(&mut conn, keys)?;

@@ -53,6 +53,9 @@ pub struct Limits {
     max_pending_bytes: Option<u64>,
     on_full: OnFull,
     classes: Vec<(String, super::class::MessageClass)>,
+    /// The file's payload schemas, compiled when the store opens.
+    #[cfg(feature = "schemas")]
+    pub(crate) schemas: std::sync::Arc<crate::payload_schema::Registry>,
 }
 
 impl Default for Limits {
@@ -64,6 +67,8 @@ impl Default for Limits {
             max_pending_bytes: None,
             on_full: OnFull::Reject,
             classes: Vec::new(),
+            #[cfg(feature = "schemas")]
+            schemas: std::sync::Arc::default(),
         }
     }
 }
@@ -208,6 +213,10 @@ pub struct Options {
     pub(crate) max_refusal_bytes: u64,
     #[cfg(feature = "signed-commands")]
     pub(crate) trusted_keys: Option<crate::signed::TrustedKeys>,
+    #[cfg(feature = "schemas")]
+    pub(crate) schemas: Vec<crate::payload_schema::EventSchema>,
+    #[cfg(feature = "schemas")]
+    pub(crate) strict_schemas: bool,
 }
 
 impl Default for Options {
@@ -231,6 +240,10 @@ impl Default for Options {
             max_refusal_bytes: 4 * 1024 * 1024,
             #[cfg(feature = "signed-commands")]
             trusted_keys: None,
+            #[cfg(feature = "schemas")]
+            schemas: Vec::new(),
+            #[cfg(feature = "schemas")]
+            strict_schemas: false,
         }
     }
 }
@@ -350,6 +363,30 @@ impl Options {
     #[cfg(feature = "signed-commands")]
     pub fn trusted_command_keys(mut self, keys: crate::signed::TrustedKeys) -> Self {
         self.trusted_keys = Some(keys);
+        self
+    }
+
+    /// Registers a payload schema (feature `schemas`): every message published on a topic its
+    /// filter matches is checked against it inside the writing transaction, and one that does not
+    /// match fails it with [`Error::SchemaViolation`]. The relay checks rows written through the
+    /// SQL contract before it publishes them: one that does not match is dead-lettered with the
+    /// reason and announced as a gap. See [`EventSchema`](crate::EventSchema) and
+    /// docs/schemas.md.
+    ///
+    /// The schema is recorded in the file when the store opens, so every later handle, relay and
+    /// CLI checks with it too. A version already in the file must be given unchanged, and a new
+    /// version may only add optional fields to the version before it: otherwise the open fails
+    /// with [`Error::InvalidConfig`] naming the rule the change breaks.
+    #[cfg(feature = "schemas")]
+    pub fn schema(mut self, schema: crate::payload_schema::EventSchema) -> Self {
+        self.schemas.push(schema);
+        self
+    }
+
+    /// Refuses messages on topics no schema covers (feature `schemas`; default off: they pass).
+    #[cfg(feature = "schemas")]
+    pub fn strict_schemas(mut self, strict: bool) -> Self {
+        self.strict_schemas = strict;
         self
     }
 

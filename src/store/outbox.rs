@@ -320,6 +320,7 @@ fn to_cbor_into<V: Serialize + ?Sized>(value: &V, out: &mut Vec<u8>) -> Result<(
     ciborium::into_writer(value, out).map_err(|e| Error::Encode(e.to_string()))
 }
 
+#[derive(Clone, Copy)]
 struct Row<'a> {
     topic: &'a str,
     key: &'a str,
@@ -372,6 +373,29 @@ fn insert(tx: &Transaction<'_>, limits: &Limits, row: &Row<'_>) -> Result<(Messa
             max: limits.payload_limit(),
         });
     }
+    #[cfg(feature = "schemas")]
+    if !limits.schemas.is_empty() && !crate::mutant::active("schema-unchecked-at-write") {
+        let stamp = crate::payload_schema::check_and_stamp(
+            &limits.schemas,
+            row.topic,
+            row.event_type,
+            row.headers,
+            row.payload,
+        )?;
+        if let Some((event_type, headers)) = stamp {
+            let stamped = Row {
+                event_type: Some(&event_type),
+                headers: Some(&headers),
+                ..*row
+            };
+            return insert_checked(tx, limits, &stamped);
+        }
+    }
+    insert_checked(tx, limits, row)
+}
+
+/// Inserts `row`, whose topic, size and schema are checked.
+fn insert_checked(tx: &Transaction<'_>, limits: &Limits, row: &Row<'_>) -> Result<(MessageId, i64)> {
     let settled = row.settle(limits);
     if settled.priority > MAX_PRIORITY {
         return Err(Error::InvalidConfig(format!(

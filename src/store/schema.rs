@@ -10,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use crate::error::{Error, Result};
 
 /// The newest schema version this build writes and understands.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// Column default for "now" in Unix milliseconds. `julianday` works in every SQLite a foreign
 /// writer may link (Debian's Python ships 3.40), unlike `unixepoch('subsec')` (3.42+).
@@ -21,7 +21,7 @@ macro_rules! now_ms_sql {
 }
 
 /// Migration `n` (1-based) takes the schema from version `n - 1` to `n`.
-const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8];
+const MIGRATIONS: &[&str] = &[V1, V2, V3, V4, V5, V6, V7, V8, V9];
 
 /// Version 1: the outbox, the inbox, dead letters.
 const V1: &str = concat!(
@@ -338,6 +338,24 @@ ALTER TABLE dead_letters ADD COLUMN coalescing INTEGER NOT NULL DEFAULT 0 CHECK 
 ALTER TABLE dead_letters ADD COLUMN expires_at INTEGER;
 ALTER TABLE dead_letters ADD COLUMN evictable INTEGER NOT NULL DEFAULT 0 CHECK (evictable IN (0, 1));
 ";
+
+/// Version 9: the payload schemas (feature `schemas`), in the file so that every handle, the
+/// relay, the CLI and foreign writers see one contract. A row is never changed: a new version is a
+/// new row.
+const V9: &str = concat!(
+    "
+CREATE TABLE edge_outbox_schemas (
+    event_type    TEXT    NOT NULL CHECK (length(event_type) > 0),
+    version       INTEGER NOT NULL CHECK (version >= 1),
+    topic_filter  TEXT    NOT NULL,
+    cddl          TEXT    NOT NULL,
+    registered_at INTEGER NOT NULL DEFAULT ",
+    now_ms_sql!(),
+    ",
+    PRIMARY KEY (event_type, version)
+);
+"
+);
 
 /// The column default that mints a message id for a foreign writer: 16 random bytes with the
 /// UUID version (4) and variant (10xx) bits set. SQLite before 3.41 has no `unhex`, so the two

@@ -189,6 +189,8 @@ impl World {
                     epochs: &self.epochs,
                     allow_dollar: false,
                     ttl: &self.config.ttl,
+                    #[cfg(feature = "schemas")]
+                    schemas: None,
                 };
                 match reader::read(&self.conn, &ctx, &req) {
                     Ok(read) => self.core.on_read(read),

@@ -1,0 +1,345 @@
+//! Payload schemas (feature `schemas`): a payload is checked against its topic's CDDL where it is
+//! written, so an invalid event fails the business transaction; a row some other writer committed
+//! is checked by the relay and dead-lettered (announced to the cloud) instead of published; a new
+//! version may only add optional fields.
+#![cfg(feature = "schemas")]
+
+mod common;
+mod support;
+
+use std::path::Path;
+
+use common::{TestResult, query_i64, temp_db};
+use edge_outbox::consumer::Consumer;
+use edge_outbox::{Error, EventSchema, Message, Options, Outbox, Relay};
+use serde::Serialize;
+use support::device::relay_config_for;
+use support::python::run_script;
+use support::{Broker, Subscriber, WAIT, wait_until};
+
+const ORDER_V1: &str =
+    "order = { id: tstr, total: uint, ? items: [* item] }\nitem = { sku: tstr, qty: uint }";
+
+fn order_v1() -> EventSchema {
+    EventSchema::new("order.placed", 1, "orders/#", ORDER_V1)
+}
+
+fn open(path: &Path, schemas: &[EventSchema]) -> edge_outbox::Result<Outbox> {
+    let options = schemas.iter().cloned().fold(Options::new(), Options::schema);
+    let outbox = Outbox::open_with(path, options)?;
+    outbox.with_connection(|c| c.execute_batch("CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY)"))?;
+    Ok(outbox)
+}
+
+#[derive(Serialize)]
+struct Order<'a> {
+    id: &'a str,
+    total: i64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    items: Vec<Item<'a>>,
+}
+
+#[derive(Serialize)]
+struct Item<'a> {
+    sku: &'a str,
+    qty: i64,
+}
+
+/// Writes the business row and publishes `order` in one transaction.
+fn place(outbox: &Outbox, order: &Order<'_>) -> edge_outbox::Result<()> {
+    outbox
+        .transaction(|tx| {
+            tx.execute("INSERT INTO orders (id) VALUES (?1)", [order.id])?;
+            tx.publish("orders/placed", order.id, order)?;
+            Ok(())
+        })
+        .map(|_| ())
+}
+
+/// The path and reason of a schema violation, or why the result is not one.
+fn violation(result: edge_outbox::Result<()>) -> Result<(String, String), String> {
+    match result {
+        Err(Error::SchemaViolation {
+            topic,
+            schema,
+            rule,
+            path,
+            reason,
+        }) => {
+            assert_eq!(topic, "orders/placed");
+            assert_eq!(schema, "order.placed v1");
+            assert_eq!(rule, "order");
+            Ok((path, reason))
+        }
+        other => Err(format!("expected a schema violation, got {other:?}")),
+    }
+}
+
+#[test]
+fn an_invalid_payload_fails_its_transaction_and_names_the_field() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    let outbox = open(&path, &[order_v1()])?;
+
+    let negative = Order {
+        id: "o-1",
+        total: -5,
+        items: vec![],
+    };
+    let (at, reason) = violation(place(&outbox, &negative))?;
+    assert_eq!(at, "$.total", "{reason}");
+    assert!(reason.contains("uint"), "{reason}");
+
+    let bad_item = Order {
+        id: "o-2",
+        total: 5,
+        items: vec![Item { sku: "a", qty: 1 }, Item { sku: "b", qty: -1 }],
+    };
+    assert_eq!(violation(place(&outbox, &bad_item))?.0, "$.items[1].qty");
+
+    let missing = outbox
+        .transaction(|tx| {
+            tx.execute("INSERT INTO orders (id) VALUES ('o-3')", [])?;
+            tx.publish(
+                "orders/placed",
+                "o-3",
+                &std::collections::BTreeMap::from([("id", "o-3")]),
+            )?;
+            Ok(())
+        })
+        .map(|_| ());
+    assert_eq!(violation(missing)?, ("$.total".to_owned(), "missing".to_owned()));
+
+    // Nothing of the failed transactions is committed: no business row, no message.
+    assert_eq!(query_i64(&outbox, "SELECT count(*) FROM orders")?, 0);
+    assert_eq!(outbox.stats()?.pending_messages, 0);
+
+    // A valid one commits, stamped with its schema's event type and version.
+    place(
+        &outbox,
+        &Order {
+            id: "o-4",
+            total: 5,
+            items: vec![Item { sku: "a", qty: 2 }],
+        },
+    )?;
+    assert_eq!(query_i64(&outbox, "SELECT count(*) FROM orders")?, 1);
+    let event_type: String =
+        outbox.with_connection(|c| c.query_row("SELECT event_type FROM outbox", [], |r| r.get(0)))?;
+    assert_eq!(event_type, "order.placed");
+    let headers: Vec<u8> =
+        outbox.with_connection(|c| c.query_row("SELECT headers FROM outbox", [], |r| r.get(0)))?;
+    let headers: std::collections::BTreeMap<String, String> = ciborium::from_reader(headers.as_slice())?;
+    assert_eq!(headers.get("schema-version").map(String::as_str), Some("1"));
+
+    // Topics no schema covers pass, unless schemas are strict.
+    outbox.transaction(|tx| tx.publish("telemetry/t1", "t1", &21.5))?;
+    drop(outbox);
+    let strict = Outbox::open_with(&path, Options::new().strict_schemas(true))?;
+    let refused = strict.transaction(|tx| tx.publish("telemetry/t1", "t1", &21.5));
+    assert!(
+        matches!(&refused, Err(Error::SchemaViolation { reason, .. }) if reason.contains("strict")),
+        "{refused:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_handle_opened_without_the_schemas_still_checks_with_the_files() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    drop(open(&path, &[order_v1()])?);
+    let plain = open(&path, &[])?;
+    let (at, _) = violation(place(
+        &plain,
+        &Order {
+            id: "o-1",
+            total: -1,
+            items: vec![],
+        },
+    ))?;
+    assert_eq!(at, "$.total");
+    assert_eq!(query_i64(&plain, "SELECT count(*) FROM orders")?, 0);
+    Ok(())
+}
+
+/// What opening with `v1` and then `next` does to the file's schemas.
+fn register_after_v1(next: EventSchema) -> edge_outbox::Result<Outbox> {
+    let (dir, path) = temp_db().map_err(|e| Error::InvalidConfig(e.to_string()))?;
+    drop(open(&path, &[order_v1()])?);
+    let opened = open(&path, &[order_v1(), next]);
+    drop(dir);
+    opened
+}
+
+fn refusal(next: &str) -> String {
+    match register_after_v1(EventSchema::new("order.placed", 2, "orders/#", next)) {
+        Err(Error::InvalidConfig(why)) => why,
+        other => format!("not refused: {other:?}"),
+    }
+}
+
+#[test]
+fn an_incompatible_new_version_is_refused_and_a_compatible_one_accepted() -> TestResult {
+    let item = "item = { sku: tstr, qty: uint }";
+    let required = refusal(&format!(
+        "order = {{ id: tstr, total: uint, ? items: [* item], currency: tstr }}\n{item}"
+    ));
+    assert!(
+        required.contains("new field \"currency\" is required"),
+        "{required}"
+    );
+    let removed = refusal(&format!("order = {{ id: tstr, ? items: [* item] }}\n{item}"));
+    assert!(removed.contains("field \"total\" was removed"), "{removed}");
+    let retyped = refusal(&format!(
+        "order = {{ id: tstr, total: tstr, ? items: [* item] }}\n{item}"
+    ));
+    assert!(retyped.contains("field \"total\" changed"), "{retyped}");
+    let unparsable = refusal("order = { id: ");
+    assert!(unparsable.contains("not valid CDDL"), "{unparsable}");
+
+    // A registered version never changes.
+    let (_dir, path) = temp_db()?;
+    drop(open(&path, &[order_v1()])?);
+    let changed = Outbox::open_with(
+        &path,
+        Options::new().schema(EventSchema::new(
+            "order.placed",
+            1,
+            "orders/#",
+            "order = { id: tstr }",
+        )),
+    );
+    assert!(
+        matches!(&changed, Err(Error::InvalidConfig(why)) if why.contains("version never changes")),
+        "{changed:?}"
+    );
+
+    // Adding an optional field is compatible; both versions are published side by side.
+    let v2 = EventSchema::new(
+        "order.placed",
+        2,
+        "orders/#",
+        format!("order = {{ id: tstr, total: uint, ? items: [* item], ? currency: tstr }}\n{item}"),
+    );
+    let outbox = open(&path, &[order_v1(), v2])?;
+    let with_currency = |version: &str| {
+        Message::new(
+            "orders/placed",
+            "o-9",
+            &std::collections::BTreeMap::from([
+                ("id", ciborium::Value::from("o-9")),
+                ("total", ciborium::Value::from(3)),
+                ("currency", ciborium::Value::from("EUR")),
+            ]),
+        )
+        .map(|m| m.event_type("order.placed").header("schema-version", version))
+    };
+    // Unnamed, the newest version applies.
+    outbox.transaction(|tx| {
+        tx.publish(
+            "orders/placed",
+            "o-8",
+            &Order {
+                id: "o-8",
+                total: 1,
+                items: vec![],
+            },
+        )
+    })?;
+    outbox.transaction(|tx| tx.send(&with_currency("2")?))?;
+    let old = outbox.transaction(|tx| tx.send(&with_currency("1")?));
+    assert!(
+        matches!(&old, Err(Error::SchemaViolation { schema, .. }) if schema == "order.placed v1"),
+        "v1 has no currency: {old:?}"
+    );
+    let unknown = outbox.transaction(|tx| tx.send(&with_currency("7")?));
+    assert!(
+        matches!(&unknown, Err(Error::SchemaViolation { reason, .. }) if reason.contains("no registered version 7")),
+        "a version never registered is refused: {unknown:?}"
+    );
+    let versions: Vec<String> = outbox.with_connection(|c| {
+        c.prepare("SELECT headers FROM outbox ORDER BY seq")?
+            .query_map([], |r| r.get::<_, Vec<u8>>(0))?
+            .map(|h| {
+                let h = h?;
+                let map: std::collections::BTreeMap<String, String> =
+                    ciborium::from_reader(h.as_slice()).unwrap_or_default();
+                Ok(map.get("schema-version").cloned().unwrap_or_default())
+            })
+            .collect::<rusqlite::Result<Vec<_>>>()
+    })?;
+    assert_eq!(versions, ["2", "2"]);
+    Ok(())
+}
+
+/// The broken builds the scenario below catches: no check where rows are written by another
+/// process (the relay publishes them), and none in `Tx::publish`.
+#[test]
+fn an_invalid_row_from_pythons_sqlite3_is_dead_lettered_and_announced() -> TestResult {
+    let broker = Broker::start()?;
+    let sub = Subscriber::start(broker.addr(), "orders/#")?;
+    let (_dir, path) = temp_db()?;
+    let outbox = open(&path, &[order_v1()])?;
+    run_script(
+        "tests/python/schema_foreign_writer.py",
+        &[path.to_str().ok_or("path")?],
+    )?;
+    place(
+        &outbox,
+        &Order {
+            id: "o-rust",
+            total: 3,
+            items: vec![],
+        },
+    )?;
+
+    let relay = Relay::start(&outbox, relay_config_for(&broker, "schemas-device"))?;
+    let settled = wait_until(|| {
+        outbox
+            .stats()
+            .is_ok_and(|s| s.pending_messages == 0 && s.gaps_unannounced == 0)
+    });
+    assert!(settled, "the relay settled the outbox");
+    assert!(sub.wait_for(3, WAIT), "two orders and one gap notice arrive");
+    relay.shutdown()?;
+
+    let dead = outbox.dead_letters(10)?;
+    assert_eq!(dead.len(), 1, "one row dead-lettered: {dead:?}");
+    assert_eq!(dead[0].key, "o-py-2");
+    assert!(
+        dead[0].reason.contains("schema order.placed v1") && dead[0].reason.contains("at $.id"),
+        "its reason names the schema and the field: {}",
+        dead[0].reason
+    );
+    let mut consumer = Consumer::new().from_start(true);
+    for m in sub.messages() {
+        consumer.observe_bytes(&m.payload)?;
+    }
+    let report = consumer.report();
+    assert_eq!(report.totals.delivered, 2, "{report}");
+    assert_eq!(report.totals.unexplained, 0, "{report}");
+    assert_eq!(
+        report.streams[0].announced_by_cause.get("dead-lettered").copied(),
+        Some(1),
+        "the invalid row is announced: {report}"
+    );
+    Ok(())
+}
+
+#[cfg(feature = "mutants")]
+#[test]
+fn the_schema_mutants_are_caught() -> TestResult {
+    if support::mutant::in_mutant_run() {
+        return Ok(());
+    }
+    support::mutant::caught_by(
+        "schema-unchecked-at-relay",
+        "an_invalid_row_from_pythons_sqlite3_is_dead_lettered_and_announced",
+        "one row dead-lettered",
+    )?;
+    support::mutant::caught_by(
+        "schema-unchecked-at-write",
+        "an_invalid_payload_fails_its_transaction_and_names_the_field",
+        "expected a schema violation",
+    )?;
+    Ok(())
+}
