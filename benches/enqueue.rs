@@ -40,9 +40,14 @@
 //! - `EDGE_OUTBOX_BENCH_DIR`: where the temporary databases go (default the cargo target dir;
 //!   it must be a real disk, not tmpfs, or FULL measures nothing).
 //!
+//! With feature `schemas`, a last section measures what checking a payload schema costs a
+//! publish (see `schema_cost`).
+//!
 //! The output ends with one `bench: NAME VALUE` line per figure.
 
 mod common;
+#[cfg(feature = "schemas")]
+mod schema_cost;
 
 use std::error::Error as StdError;
 use std::path::{Path, PathBuf};
@@ -542,6 +547,13 @@ fn main() -> BoxResult<()> {
             if bd >= 0.90 { "met" } else { "MISSED" }
         );
     }
+    #[cfg(feature = "schemas")]
+    let schema = schema_cost::measure(&base, (secs / 10.0).max(0.5))?;
+    #[cfg(feature = "schemas")]
+    println!(
+        "payload schema: checked/plain publishes per second {:.3} (NORMAL, 100 per tx); the check alone {:.0} ns per message",
+        schema.0, schema.1
+    );
     println!("measured in {:.0} s", started.elapsed().as_secs_f64());
     println!();
     for o in &outcomes {
@@ -555,6 +567,11 @@ fn main() -> BoxResult<()> {
         {
             println!("bench: enqueue_{name}_{v} {:.3}", o.ratios[i][0]);
         }
+    }
+    #[cfg(feature = "schemas")]
+    {
+        println!("bench: enqueue_schema_checked_over_plain {:.3}", schema.0);
+        println!("bench: schema_check_ns_per_message {:.0}", schema.1);
     }
     Ok(())
 }

@@ -6,6 +6,22 @@ use std::path::PathBuf;
 /// `Result` with [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Where and why a payload breaks its schema: what [`Error::SchemaViolation`] carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SchemaMismatch {
+    /// The message's topic.
+    pub topic: String,
+    /// The schema checked against: event type and version (`order.placed v2`).
+    pub schema: String,
+    /// The schema's rule for the payload.
+    pub rule: String,
+    /// Where in the payload it fails: `$` is the payload, `$.items[2].qty` a field in it.
+    pub path: String,
+    /// What the schema expected there.
+    pub reason: String,
+}
+
 /// Everything that can go wrong in edge-outbox.
 ///
 /// Each variant says what failed and, in its message, what to do about it. The wrapped errors of
@@ -41,19 +57,9 @@ pub enum Error {
         max: usize,
     },
     /// A payload does not match the schema registered for its topic (feature `schemas`): the
-    /// transaction fails and nothing of it is committed.
-    SchemaViolation {
-        /// The message's topic.
-        topic: String,
-        /// The schema checked against: event type and version (`order.placed v2`).
-        schema: String,
-        /// The schema's rule for the payload.
-        rule: String,
-        /// Where in the payload it fails: `$` is the payload, `$.items[2].qty` a field in it.
-        path: String,
-        /// What the schema expected there.
-        reason: String,
-    },
+    /// transaction fails and nothing of it is committed. Boxed: it is rare, and keeps the error
+    /// small on every hot path.
+    SchemaViolation(Box<SchemaMismatch>),
     /// A value could not be encoded to CBOR.
     Encode(String),
     /// Bytes could not be decoded (a malformed envelope, payload or command).
@@ -245,15 +251,10 @@ impl fmt::Display for Error {
                 "payload of {size} bytes exceeds the maximum of {max} bytes: \
                  send a smaller message or raise the limit (and the broker's)"
             ),
-            Error::SchemaViolation {
-                topic,
-                schema,
-                rule,
-                path,
-                reason,
-            } => write!(
+            Error::SchemaViolation(m) => write!(
                 f,
-                "payload for topic {topic:?} does not match schema {schema} (rule {rule}) at {path}: {reason}"
+                "payload for topic {:?} does not match schema {} (rule {}) at {}: {}",
+                m.topic, m.schema, m.rule, m.path, m.reason
             ),
             Error::Encode(why) => write!(f, "cannot encode value as CBOR: {why}"),
             Error::Decode(why) => write!(f, "malformed input: {why}"),

@@ -149,11 +149,11 @@ pub use batch_wire::BATCH_VERSION;
 pub use batching::{Batching, Compression, MAX_BATCH_BYTES};
 pub use commands::send_command;
 pub use envelope::{Envelope, GapCause, GapNotice, MessageId, Published};
-pub use error::{Error, Result};
+pub use error::{Error, Result, SchemaMismatch};
 pub use mqtt::status::AckLatency;
 pub use mqtt::{MqttConfig, Protocol, TlsConfig, redact_url, subscribe};
 #[cfg(feature = "schemas")]
-pub use payload_schema::EventSchema;
+pub use payload_schema::{EventSchema, Schemas};
 pub use relay::{Relay, Status};
 pub use relay_config::RelayConfig;
 pub use report::RelayReport;

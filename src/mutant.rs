@@ -95,6 +95,9 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // The relay publishes a row another writer committed without checking it against its schema:
     // an invalid event reaches the cloud.
     ("schema-unchecked-at-relay", "tests/payload_schemas.rs"),
+    // The consumer counts no schema violation: a device that does not check (an older build, a
+    // foreign writer without a relay that checks) sends invalid events unnoticed.
+    ("consumer-schema-unchecked", "tests/payload_schemas.rs"),
 ];
 
 /// Mutants of the publishing core that its model (`src/publish/core/model`, run by

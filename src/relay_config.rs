@@ -73,6 +73,9 @@ pub struct RelayConfig {
     pub(crate) pace: PaceRates,
     /// Topic filters whose messages are batched, in the order given (the first match applies).
     pub(crate) batching: Vec<(String, Batching)>,
+    /// Where the file's payload schemas are published, retained.
+    #[cfg(feature = "schemas")]
+    pub(crate) schema_topic: Option<String>,
 }
 
 impl RelayConfig {
@@ -101,7 +104,19 @@ impl RelayConfig {
             ttl: Vec::new(),
             pace: PaceRates::default(),
             batching: Vec::new(),
+            #[cfg(feature = "schemas")]
+            schema_topic: None,
         }
+    }
+
+    /// Publishes the file's payload schemas (feature `schemas`), retained, to `topic` at every
+    /// connection, so cloud consumers can fetch the contract of what they receive
+    /// ([`EventSchema::decode_published`](crate::EventSchema::decode_published)). QoS 0, sent again
+    /// at each connection; not a message of the outbox, so not numbered.
+    #[cfg(feature = "schemas")]
+    pub fn publish_schemas(mut self, topic: impl Into<String>) -> Self {
+        self.schema_topic = Some(topic.into());
+        self
     }
 
     /// Write `<db>.relay-status.json` while running, as `edge-outbox relay` does, so that
@@ -379,6 +394,10 @@ impl RelayConfig {
         }
         for (filter, _) in &self.ttl {
             validate_filter(filter)?;
+        }
+        #[cfg(feature = "schemas")]
+        if let Some(topic) = &self.schema_topic {
+            crate::topic::check(topic, false)?;
         }
         if self.metrics_file_mode & !0o644 != 0 || self.metrics_file_mode & 0o600 != 0o600 {
             return Err(Error::InvalidConfig(format!(

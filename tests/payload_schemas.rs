@@ -11,6 +11,7 @@ use std::path::Path;
 
 use common::{TestResult, query_i64, temp_db};
 use edge_outbox::consumer::Consumer;
+use edge_outbox::envelope::{Envelope, Published};
 use edge_outbox::{Error, EventSchema, Message, Options, Outbox, Relay};
 use serde::Serialize;
 use support::device::relay_config_for;
@@ -59,17 +60,11 @@ fn place(outbox: &Outbox, order: &Order<'_>) -> edge_outbox::Result<()> {
 /// The path and reason of a schema violation, or why the result is not one.
 fn violation(result: edge_outbox::Result<()>) -> Result<(String, String), String> {
     match result {
-        Err(Error::SchemaViolation {
-            topic,
-            schema,
-            rule,
-            path,
-            reason,
-        }) => {
-            assert_eq!(topic, "orders/placed");
-            assert_eq!(schema, "order.placed v1");
-            assert_eq!(rule, "order");
-            Ok((path, reason))
+        Err(Error::SchemaViolation(m)) => {
+            assert_eq!(m.topic, "orders/placed");
+            assert_eq!(m.schema, "order.placed v1");
+            assert_eq!(m.rule, "order");
+            Ok((m.path, m.reason))
         }
         other => Err(format!("expected a schema violation, got {other:?}")),
     }
@@ -137,7 +132,7 @@ fn an_invalid_payload_fails_its_transaction_and_names_the_field() -> TestResult 
     let strict = Outbox::open_with(&path, Options::new().strict_schemas(true))?;
     let refused = strict.transaction(|tx| tx.publish("telemetry/t1", "t1", &21.5));
     assert!(
-        matches!(&refused, Err(Error::SchemaViolation { reason, .. }) if reason.contains("strict")),
+        matches!(&refused, Err(Error::SchemaViolation(m)) if m.reason.contains("strict")),
         "{refused:?}"
     );
     Ok(())
@@ -248,12 +243,12 @@ fn an_incompatible_new_version_is_refused_and_a_compatible_one_accepted() -> Tes
     outbox.transaction(|tx| tx.send(&with_currency("2")?))?;
     let old = outbox.transaction(|tx| tx.send(&with_currency("1")?));
     assert!(
-        matches!(&old, Err(Error::SchemaViolation { schema, .. }) if schema == "order.placed v1"),
+        matches!(&old, Err(Error::SchemaViolation(m)) if m.schema == "order.placed v1"),
         "v1 has no currency: {old:?}"
     );
     let unknown = outbox.transaction(|tx| tx.send(&with_currency("7")?));
     assert!(
-        matches!(&unknown, Err(Error::SchemaViolation { reason, .. }) if reason.contains("no registered version 7")),
+        matches!(&unknown, Err(Error::SchemaViolation(m)) if m.reason.contains("no registered version 7")),
         "a version never registered is refused: {unknown:?}"
     );
     let versions: Vec<String> = outbox.with_connection(|c| {
@@ -292,7 +287,8 @@ fn an_invalid_row_from_pythons_sqlite3_is_dead_lettered_and_announced() -> TestR
         },
     )?;
 
-    let relay = Relay::start(&outbox, relay_config_for(&broker, "schemas-device"))?;
+    let config = relay_config_for(&broker, "schemas-device").publish_schemas("contracts/schemas-device");
+    let relay = Relay::start(&outbox, config)?;
     let settled = wait_until(|| {
         outbox
             .stats()
@@ -300,7 +296,12 @@ fn an_invalid_row_from_pythons_sqlite3_is_dead_lettered_and_announced() -> TestR
     });
     assert!(settled, "the relay settled the outbox");
     assert!(sub.wait_for(3, WAIT), "two orders and one gap notice arrive");
+    // The contract, retained: a consumer joining later fetches it.
+    let contract = Subscriber::start(broker.addr(), "contracts/#")?;
+    assert!(contract.wait_for(1, WAIT), "the schemas are published, retained");
     relay.shutdown()?;
+    let published = EventSchema::decode_published(&contract.messages()[0].payload)?;
+    assert_eq!(published, [order_v1()]);
 
     let dead = outbox.dead_letters(10)?;
     assert_eq!(dead.len(), 1, "one row dead-lettered: {dead:?}");
@@ -310,7 +311,7 @@ fn an_invalid_row_from_pythons_sqlite3_is_dead_lettered_and_announced() -> TestR
         "its reason names the schema and the field: {}",
         dead[0].reason
     );
-    let mut consumer = Consumer::new().from_start(true);
+    let mut consumer = Consumer::new().from_start(true).schemas(&published)?;
     for m in sub.messages() {
         consumer.observe_bytes(&m.payload)?;
     }
@@ -321,6 +322,10 @@ fn an_invalid_row_from_pythons_sqlite3_is_dead_lettered_and_announced() -> TestR
         report.streams[0].announced_by_cause.get("dead-lettered").copied(),
         Some(1),
         "the invalid row is announced: {report}"
+    );
+    assert_eq!(
+        report.totals.schema_violations, 0,
+        "nothing invalid was published: {report}"
     );
     Ok(())
 }
@@ -341,5 +346,145 @@ fn the_schema_mutants_are_caught() -> TestResult {
         "an_invalid_payload_fails_its_transaction_and_names_the_field",
         "expected a schema violation",
     )?;
+    support::mutant::caught_by(
+        "consumer-schema-unchecked",
+        "the_consumer_flags_a_delivered_payload_that_breaks_its_schema",
+        "one schema violation counted",
+    )?;
+    Ok(())
+}
+
+/// A message as a relay would publish it: `seq` of one source, typed when `version` is given.
+fn envelope(seq: u64, version: Option<&str>, payload: &impl Serialize) -> TestResult<Envelope<'static>> {
+    Ok(Envelope {
+        id: edge_outbox::MessageId::new_v7(),
+        source: "device-1".into(),
+        epoch: 1,
+        seq,
+        key: "k".into(),
+        created_ms: 0,
+        event_type: version.map(|_| "order.placed".into()),
+        headers: version
+            .map(|v| vec![("schema-version".into(), v.to_owned().into())])
+            .unwrap_or_default(),
+        payload: edge_outbox::envelope::to_cbor(payload)?.into(),
+    })
+}
+
+#[test]
+fn the_consumer_flags_a_delivered_payload_that_breaks_its_schema() -> TestResult {
+    let envelopes = [
+        envelope(
+            1,
+            Some("1"),
+            &Order {
+                id: "o-1",
+                total: 1,
+                items: vec![],
+            },
+        )?,
+        envelope(
+            2,
+            Some("1"),
+            &Order {
+                id: "o-2",
+                total: -1,
+                items: vec![],
+            },
+        )?,
+        // No event type: no contract named, nothing to check.
+        envelope(3, None, &"free text")?,
+    ];
+    let mut consumer = Consumer::new().from_start(true).schemas(&[order_v1()])?;
+    for env in &envelopes {
+        consumer.observe(&Published::Message(env.clone()));
+        // A duplicate is not counted again.
+        consumer.observe(&Published::Message(env.clone()));
+    }
+    let report = consumer.report();
+    assert_eq!(report.totals.delivered, 3, "{report}");
+    assert_eq!(
+        report.totals.schema_violations, 1,
+        "one schema violation counted: {report}"
+    );
+    let finding = &report.schema_findings[0];
+    assert_eq!(finding.seq, 2);
+    assert!(finding.reason.contains("at $.total"), "{}", finding.reason);
+    assert!(consumer.check_schema(&envelopes[1]).is_err());
+    assert!(consumer.check_schema(&envelopes[0]).is_ok());
+    // An incompatible pair of versions is refused here as on the device.
+    let v2 = EventSchema::new("order.placed", 2, "orders/#", "order = { id: tstr }");
+    let refused = Consumer::new().schemas(&[order_v1(), v2]);
+    assert!(matches!(&refused, Err(Error::InvalidConfig(why)) if why.contains("removed")));
+    Ok(())
+}
+
+/// `edge-outbox ARGS --db PATH`: exit code and stdout.
+#[cfg(feature = "cli")]
+fn cli(path: &Path, args: &[&str]) -> TestResult<(Option<i32>, String)> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_edge-outbox"))
+        .args(args)
+        .arg("--db")
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    let stdout = String::from_utf8(out.stdout)?;
+    eprintln!("{args:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    Ok((out.status.code(), stdout))
+}
+
+#[cfg(feature = "cli")]
+#[test]
+fn schema_check_exits_non_zero_on_a_bad_pending_row() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    let outbox = open(&path, &[order_v1()])?;
+    place(
+        &outbox,
+        &Order {
+            id: "o-1",
+            total: 3,
+            items: vec![],
+        },
+    )?;
+
+    let (code, listed) = cli(&path, &["schema", "list"])?;
+    assert_eq!(code, Some(0));
+    assert!(
+        listed.contains("order.placed") && listed.contains("orders/#"),
+        "{listed}"
+    );
+    let (code, shown) = cli(&path, &["schema", "show", "order.placed"])?;
+    assert_eq!((code, shown.trim_end()), (Some(0), ORDER_V1));
+    assert_eq!(cli(&path, &["schema", "show", "order.cancelled"])?.0, Some(5));
+    assert_eq!(
+        cli(&path, &["schema", "check"])?.0,
+        Some(0),
+        "every pending row matches"
+    );
+
+    // A foreign writer's row that breaks the schema (its id is a number).
+    let bad = edge_outbox::envelope::to_cbor(&std::collections::BTreeMap::from([("id", 2), ("total", 1)]))?;
+    outbox.with_connection(|c| {
+        c.execute(
+            "INSERT INTO outbox (topic, key, payload) VALUES ('orders/placed', 'o-2', ?1)",
+            [bad],
+        )
+    })?;
+    let (code, found) = cli(&path, &["schema", "check"])?;
+    assert_eq!(code, Some(7), "a bad row is reported: {found}");
+    assert!(
+        found.contains("#2 orders/placed") && found.contains("at $.id"),
+        "{found}"
+    );
+
+    let payload = |json: &str| {
+        cli(
+            &path,
+            &["schema", "check", "--topic", "orders/placed", "--payload", json],
+        )
+    };
+    assert_eq!(payload(r#"{"id": "o-3", "total": 1}"#)?.0, Some(0));
+    assert_eq!(payload(r#"{"id": "o-3"}"#)?.0, Some(7));
+    assert_eq!(payload("not json")?.0, Some(2));
     Ok(())
 }

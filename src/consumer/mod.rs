@@ -48,8 +48,11 @@
 //! assert_eq!(report.streams[0].unexplained, vec![(4, 4)]);
 //! ```
 
+mod schemas;
 mod stream;
 mod window;
+
+pub use schemas::SchemaFinding;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -99,6 +102,11 @@ pub struct Consumer {
     sources: HashSet<String>,
     /// Messages without an epoch (version 1 envelopes): deduplicated by id only.
     unnumbered: Totals,
+    #[cfg(feature = "schemas")]
+    schemas: Option<schemas::Checker>,
+    /// Messages delivered whose payload breaks its schema: counted, the newest kept.
+    schema_violations: u64,
+    findings: std::collections::VecDeque<SchemaFinding>,
 }
 
 impl Default for Consumer {
@@ -121,7 +129,52 @@ impl Consumer {
             streams: HashMap::new(),
             sources: HashSet::new(),
             unnumbered: Totals::default(),
+            #[cfg(feature = "schemas")]
+            schemas: None,
+            schema_violations: 0,
+            findings: std::collections::VecDeque::new(),
         }
+    }
+
+    /// Checks each message delivered (not its duplicates) against these payload schemas (feature
+    /// `schemas`), the same ones the device registered: a message whose event type and
+    /// `schema-version` header name a schema its payload breaks is counted in
+    /// [`Totals::schema_violations`] and listed in [`Report::schema_findings`]. Its verdict is
+    /// unchanged: whether to process it is the service's call ([`check_schema`](Self::check_schema)
+    /// says why it fails). Fails with [`Error::InvalidConfig`](crate::Error::InvalidConfig) if
+    /// a schema is not valid CDDL or a version is not a compatible change of the one below it.
+    #[cfg(feature = "schemas")]
+    pub fn schemas(mut self, schemas: &[crate::payload_schema::EventSchema]) -> Result<Self> {
+        self.schemas = Some(schemas::Checker::new(schemas)?);
+        Ok(self)
+    }
+
+    /// Why `env`'s payload breaks its schema, if it does (feature `schemas`; `Ok` without
+    /// [`schemas`](Self::schemas) or for a message that names no registered event type).
+    #[cfg(feature = "schemas")]
+    pub fn check_schema(&self, env: &Envelope<'_>) -> std::result::Result<(), String> {
+        self.schemas.as_ref().map_or(Ok(()), |c| c.check(env))
+    }
+
+    /// Counts and keeps a delivered message that breaks its schema.
+    fn check_delivered(&mut self, env: &Envelope<'_>) {
+        #[cfg(feature = "schemas")]
+        if let Err(reason) = self.check_schema(env)
+            && !crate::mutant::active("consumer-schema-unchecked")
+        {
+            self.schema_violations += 1;
+            if self.findings.len() == schemas::KEPT {
+                self.findings.pop_front();
+            }
+            self.findings.push_back(SchemaFinding {
+                source: env.source.to_string(),
+                epoch: env.epoch,
+                seq: env.seq,
+                reason,
+            });
+        }
+        #[cfg(not(feature = "schemas"))]
+        let _ = env;
     }
 
     /// How many recent message ids are kept to recognise duplicates (default 100,000). The
@@ -190,7 +243,13 @@ impl Consumer {
     pub fn observe(&mut self, item: &Published) -> Verdict {
         let now = Instant::now();
         match item {
-            Published::Message(env) => self.message(env, now),
+            Published::Message(env) => {
+                let verdict = self.message(env, now);
+                if matches!(verdict, Verdict::New { .. } | Verdict::Unknown) {
+                    self.check_delivered(env);
+                }
+                verdict
+            }
             Published::Gap(gap) => {
                 let bounds = self.bounds;
                 // A notice arrives again with the same id: its numbers at or below a stream's
@@ -312,7 +371,12 @@ impl Consumer {
             totals.announced += s.announced;
             totals.unexplained += s.unexplained_count();
         }
-        Report { streams, totals }
+        totals.schema_violations = self.schema_violations;
+        Report {
+            streams,
+            totals,
+            schema_findings: self.findings.iter().cloned().collect(),
+        }
     }
 }
 
@@ -332,6 +396,8 @@ pub struct Totals {
     pub announced: u64,
     /// Numbers neither delivered nor announced (past the grace period).
     pub unexplained: u64,
+    /// Messages delivered whose payload breaks its schema ([`Consumer::schemas`]).
+    pub schema_violations: u64,
 }
 
 /// What one (source, epoch) stream looked like.
@@ -392,6 +458,8 @@ pub struct Report {
     pub streams: Vec<StreamReport>,
     /// Over all of them (and messages without an epoch).
     pub totals: Totals,
+    /// The most recent messages that break their schema, oldest first.
+    pub schema_findings: Vec<SchemaFinding>,
 }
 
 impl fmt::Display for Report {
@@ -435,7 +503,18 @@ impl fmt::Display for Report {
             f,
             "{:<24} {:>20} {:>10} {:>9} {:>6} {:>6} {:>9} {:>11}",
             "total", "", t.delivered, t.duplicates, t.late, t.reordered, t.announced, t.unexplained
-        )
+        )?;
+        if t.schema_violations > 0 {
+            writeln!(
+                f,
+                "{} delivered messages break their schema; the newest:",
+                t.schema_violations
+            )?;
+            for s in self.schema_findings.iter().rev().take(4) {
+                writeln!(f, "  {} epoch {} #{}: {}", s.source, s.epoch, s.seq, s.reason)?;
+            }
+        }
+        Ok(())
     }
 }
 

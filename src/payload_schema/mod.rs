@@ -8,11 +8,15 @@
 
 mod compat;
 mod path;
+mod published;
 mod registry;
+mod schemas;
 mod stamp;
 mod table;
 
+pub(crate) use published::encode as encode_published;
 pub use registry::EventSchema;
 pub(crate) use registry::Registry;
+pub use schemas::Schemas;
 pub(crate) use stamp::{check_and_stamp, headers, version_of};
-pub(crate) use table::adopt_on_open;
+pub(crate) use table::{adopt_on_open, compile_all};

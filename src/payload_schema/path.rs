@@ -21,24 +21,22 @@ pub(super) fn check(schema: &Compiled, payload: &[u8]) -> Result<(), Violation> 
     };
     let value: Value = ciborium::from_reader(payload)
         .map_err(|e| violation("$".into(), format!("payload is not CBOR: {e}")))?;
-    let root = lookup(&schema.rules, &schema.root).map_err(|reason| violation("$".into(), reason))?;
-    match fits(root, &value, &schema.rules) {
+    let root = schema
+        .rules
+        .lookup_rule(&schema.root)
+        .map_err(|e| violation("$".into(), format!("rule {} cannot be used: {e}", schema.root)))?;
+    // The whole payload against the root rule as it is stored: no copy of the schema per check.
+    match validate_cbor(root, &value, &schema.rules) {
         Ok(()) => Ok(()),
         Err(why) => {
-            let (path, reason) =
-                locate(root, &value, &schema.rules, "$".into(), 0).unwrap_or(("$".into(), why));
+            let (path, reason) = locate(&root.node, &value, &schema.rules, "$".into(), 0)
+                .unwrap_or(("$".into(), why.to_string()));
             Err(violation(path, reason))
         }
     }
 }
 
-fn lookup<'c>(rules: &'c dyn LookupContext, name: &str) -> Result<&'c Node, String> {
-    rules
-        .lookup_rule(name)
-        .map(|r| &r.node)
-        .map_err(|e| format!("rule {name} cannot be used: {e}"))
-}
-
+/// Whether `value` matches `node`, a part of a schema (after a failure only: it copies the part).
 fn fits(node: &Node, value: &Value, rules: &dyn LookupContext) -> Result<(), String> {
     let rule = RuleDef {
         generic_parms: Vec::new(),

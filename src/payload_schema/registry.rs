@@ -25,7 +25,7 @@ pub(crate) const VERSION_HEADER: &str = "schema-version";
 ///     edge_outbox::Options::new().schema(v1),
 /// )?;
 /// let refused = outbox.transaction(|tx| tx.publish("orders/placed", "o-1", &("o-1", 40)));
-/// assert!(matches!(refused, Err(edge_outbox::Error::SchemaViolation { .. })));
+/// assert!(matches!(refused, Err(edge_outbox::Error::SchemaViolation(_))));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,13 +189,13 @@ impl Registry {
 
 impl Violation {
     pub fn into_error(self, topic: &str) -> Error {
-        Error::SchemaViolation {
+        Error::SchemaViolation(Box::new(crate::error::SchemaMismatch {
             topic: topic.to_owned(),
             schema: self.schema,
             rule: self.rule,
             path: self.path,
             reason: self.reason,
-        }
+        }))
     }
 }
 

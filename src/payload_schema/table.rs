@@ -33,13 +33,7 @@ pub(crate) fn adopt_on_open(conn: &mut Connection, defs: &[EventSchema], strict:
                 }
                 None => {
                     if let Some(previous) = previous_version(&tx, def)? {
-                        compat::check(&previous, &compiled).map_err(|why| {
-                            Error::InvalidConfig(format!(
-                                "schema {} is not a compatible change of {}: {why}",
-                                def.name(),
-                                previous.def.name()
-                            ))
-                        })?;
+                        compatible(&previous, &compiled)?;
                     }
                     tx.execute(
                         "INSERT INTO edge_outbox_schemas (event_type, version, topic_filter, cddl) VALUES (?1, ?2, ?3, ?4)",
@@ -69,6 +63,42 @@ pub(crate) fn load(conn: &Connection, strict: bool) -> Result<Registry> {
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let schemas = defs.into_iter().map(Compiled::new).collect::<Result<Vec<_>>>()?;
     Ok(Registry { schemas, strict })
+}
+
+/// `defs` compiled, without a file: each version checked against the one below it, as
+/// registering them in order would.
+pub(crate) fn compile_all(defs: &[EventSchema]) -> Result<Registry> {
+    let mut schemas: Vec<Compiled> = Vec::with_capacity(defs.len());
+    let mut sorted: Vec<&EventSchema> = defs.iter().collect();
+    sorted.sort_by(|a, b| (&a.event_type, a.version).cmp(&(&b.event_type, b.version)));
+    for def in sorted {
+        let compiled = Compiled::new(def.clone())?;
+        if let Some(previous) = schemas.last().filter(|p| p.def.event_type == def.event_type) {
+            if previous.def.version == def.version {
+                return Err(Error::InvalidConfig(format!(
+                    "schema {} is given twice",
+                    def.name()
+                )));
+            }
+            compatible(previous, &compiled)?;
+        }
+        schemas.push(compiled);
+    }
+    Ok(Registry {
+        schemas,
+        strict: false,
+    })
+}
+
+/// Refuses `new` unless it is a compatible change of `previous`, saying why.
+fn compatible(previous: &Compiled, new: &Compiled) -> Result<()> {
+    compat::check(previous, new).map_err(|why| {
+        Error::InvalidConfig(format!(
+            "schema {} is not a compatible change of {}: {why}",
+            new.def.name(),
+            previous.def.name()
+        ))
+    })
 }
 
 /// The highest registered version of `def`'s event type below `def`'s.

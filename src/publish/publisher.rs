@@ -356,6 +356,22 @@ impl Publisher {
                 .client
                 .try_publish(topic, QoS::AtMostOnce, true, "online", None, None);
         }
+        #[cfg(feature = "schemas")]
+        if let Some(topic) = &self.config.schema_topic {
+            match crate::payload_schema::encode_published(
+                self.options.limits.schemas.schemas.iter().map(|c| &c.def),
+            ) {
+                // QoS 0 like the status: packet id 0, which the tracker ignores.
+                Ok(list) => {
+                    let _ = link
+                        .client
+                        .try_publish(topic, QoS::AtMostOnce, true, list, None, None);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the payload schemas could not be encoded for publishing")
+                }
+            }
+        }
         d.client = Some(link.client);
     }
 

@@ -477,7 +477,7 @@ fn publish_reply(
                 Error::InvalidTopic { .. }
                     | Error::PayloadTooLarge { .. }
                     | Error::InvalidConfig(_)
-                    | Error::SchemaViolation { .. }
+                    | Error::SchemaViolation(_)
             ) {
                 return Err(e);
             }

@@ -23,6 +23,8 @@ mod schema;
 mod signing;
 mod stats;
 pub(crate) mod trust;
+#[cfg(not(feature = "schemas"))]
+mod unchecked_schemas;
 mod unrecoverable;
 pub(crate) mod uptime;
 pub(crate) mod watch;
@@ -105,6 +107,8 @@ impl Outbox {
         let mut options = options;
         let mut conn = open_checked(&path, &options)?;
         epoch::check_file(&mut conn, &path)?;
+        #[cfg(not(feature = "schemas"))]
+        unchecked_schemas::warn_if_any(&conn);
         #[cfg(feature = "schemas")]
         {
             let registry =

@@ -20,6 +20,8 @@ pub enum Code {
     NotFound = 5,
     /// 6: `consume --fail-on-gap` found messages missing without a gap notice.
     UnexplainedGaps = 6,
+    /// 7: `schema check` found a payload that breaks its schema.
+    SchemaViolation = 7,
 }
 
 /// A failure to report: a code and a message saying what failed and what to do.
@@ -89,6 +91,7 @@ impl From<edge_outbox::Error> for CliError {
         use edge_outbox::Error as E;
         let code = match &e {
             E::RelayAlreadyRunning { .. } => Code::RelayRunning,
+            E::SchemaViolation(_) => Code::SchemaViolation,
             E::NotFound(_) => Code::NotFound,
             E::InvalidConfig(_) | E::InvalidTopic { .. } => Code::Usage,
             E::NotADatabase { .. }

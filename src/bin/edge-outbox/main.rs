@@ -31,6 +31,9 @@ mod purge;
 mod relay;
 mod relay_probe;
 mod reload;
+mod schema;
+#[cfg(feature = "schemas")]
+mod schema_pending;
 mod status;
 mod status_file;
 #[cfg(feature = "signed-commands")]
@@ -209,6 +212,13 @@ enum Command {
         #[command(subcommand)]
         command: trust::TrustCommand,
     },
+    /// The payload schemas recorded in the file: list, show, check the pending rows.
+    Schema {
+        #[command(flatten)]
+        store: Store,
+        #[command(subcommand)]
+        command: schema::SchemaCommand,
+    },
     /// Check the database file for damage; with --salvage, move a damaged one aside and salvage it.
     Doctor {
         #[command(flatten)]
@@ -296,6 +306,7 @@ fn main() -> ExitCode {
         Command::Inbox { store, args } => inbox::run(&on(&store), &args),
         Command::DeadLetters { store, command } => dead_letters::run(&on(&store), &command),
         Command::Purge { store, args } => purge::run(&on(&store), &args),
+        Command::Schema { store, command } => schema::run(&on(&store), &command),
         Command::Doctor { store, args } => doctor::run(&on(&store), &args),
         #[cfg(feature = "signed-commands")]
         Command::TrustedKeys { store, command } => trust::run(&on(&store), &command),
