@@ -98,6 +98,9 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // The consumer counts no schema violation: a device that does not check (an older build, a
     // foreign writer without a relay that checks) sends invalid events unnoticed.
     ("consumer-schema-unchecked", "tests/payload_schemas.rs"),
+    // A running relay keeps the schemas it started with: every message of a version registered
+    // since is dead-lettered as unregistered.
+    ("schemas-read-once", "tests/payload_schemas.rs"),
 ];
 
 /// Mutants of the publishing core that its model (`src/publish/core/model`, run by

@@ -347,6 +347,11 @@ fn the_schema_mutants_are_caught() -> TestResult {
         "expected a schema violation",
     )?;
     support::mutant::caught_by(
+        "schemas-read-once",
+        "a_running_relay_checks_with_versions_registered_after_it_started",
+        "no message dead-lettered",
+    )?;
+    support::mutant::caught_by(
         "consumer-schema-unchecked",
         "the_consumer_flags_a_delivered_payload_that_breaks_its_schema",
         "one schema violation counted",
@@ -486,5 +491,153 @@ fn schema_check_exits_non_zero_on_a_bad_pending_row() -> TestResult {
     assert_eq!(payload(r#"{"id": "o-3", "total": 1}"#)?.0, Some(0));
     assert_eq!(payload(r#"{"id": "o-3"}"#)?.0, Some(7));
     assert_eq!(payload("not json")?.0, Some(2));
+    Ok(())
+}
+
+#[test]
+fn a_schema_nested_too_deep_is_refused_not_a_crash_from_any_source() -> TestResult {
+    let deep = format!("a = {}uint{}", "[".repeat(5000), "]".repeat(5000));
+    let (_dir, path) = temp_db()?;
+    let refused = Outbox::open_with(
+        &path,
+        Options::new().schema(EventSchema::new("deep", 1, "d/#", &deep)),
+    );
+    assert!(
+        matches!(&refused, Err(Error::InvalidConfig(why)) if why.contains("levels deep")),
+        "{refused:?}"
+    );
+    // Written into the table by SQL: every open refuses the file's schemas instead of aborting.
+    let outbox = open(&path, &[])?;
+    outbox.with_connection(|c| {
+        c.execute(
+            "INSERT INTO edge_outbox_schemas (event_type, version, topic_filter, cddl) VALUES ('deep', 1, 'd/#', ?1)",
+            [&deep],
+        )
+    })?;
+    drop(outbox);
+    assert!(matches!(Outbox::open(&path), Err(Error::InvalidConfig(_))));
+    // Published as the contract: the consumer refuses it.
+    let list = EventSchema::decode_published(&edge_outbox::envelope::to_cbor(&[
+        std::collections::BTreeMap::from([
+            ("type", ciborium::Value::from("deep")),
+            ("version", ciborium::Value::from(1)),
+            ("topics", ciborium::Value::from("d/#")),
+            ("cddl", ciborium::Value::from(deep.as_str())),
+        ]),
+    ])?)?;
+    assert!(Consumer::new().schemas(&list).is_err());
+    Ok(())
+}
+
+#[test]
+fn a_change_inside_a_named_rule_or_out_of_order_is_refused_too() -> TestResult {
+    // The field's type is a rule of its own: its change is a change of the field.
+    let v1 = EventSchema::new("reading", 1, "r/#", "reading = { value: amount }\namount = uint");
+    let retyped = EventSchema::new("reading", 2, "r/#", "reading = { value: amount }\namount = tstr");
+    let (_d1, p1) = temp_db()?;
+    let refused = open(&p1, &[v1.clone(), retyped]);
+    assert!(
+        matches!(&refused, Err(Error::InvalidConfig(why)) if why.contains("field \"value\" changed")),
+        "{refused:?}"
+    );
+    // A v2 given before its v1, on a new file: checked all the same.
+    let v2_without = EventSchema::new("reading", 2, "r/#", "reading = { ? note: tstr }");
+    let (_d2, p2) = temp_db()?;
+    let refused = open(&p2, &[v2_without.clone(), v1.clone()]);
+    assert!(
+        matches!(&refused, Err(Error::InvalidConfig(why)) if why.contains("removed")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        Outbox::open(&p2)?.with_connection(|c| {
+            c.query_row("SELECT count(*) FROM edge_outbox_schemas", [], |r| {
+                r.get::<_, i64>(0)
+            })
+        })?,
+        0,
+        "nothing of a refused open is registered"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_writer_cannot_step_around_its_topics_schema() -> TestResult {
+    let (_dir, path) = temp_db()?;
+    let anything = EventSchema::new("debug.any", 1, "debug/#", "any-value = any");
+    let outbox = open(&path, &[order_v1(), anything])?;
+    let bad = Order {
+        id: "o-1",
+        total: -1,
+        items: vec![],
+    };
+    // Naming a type registered for another topic, or none at all, is not a way out.
+    for event_type in ["debug.any", "order.cancelled"] {
+        let named = outbox
+            .transaction(|tx| tx.send(&Message::new("orders/placed", "o-1", &bad)?.event_type(event_type)));
+        assert!(
+            matches!(&named, Err(Error::SchemaViolation(m)) if m.reason.contains("not registered for topic")),
+            "{event_type}: {named:?}"
+        );
+    }
+    // A map key given twice is refused: the validator would see only its last value.
+    let twice = Message::from_cbor(
+        "orders/placed",
+        "o-1",
+        vec![
+            0xa3, 0x62, b'i', b'd', 0x61, b'o', 0x65, b't', b'o', b't', b'a', b'l', 0x20, 0x65, b't', b'o',
+            b't', b'a', b'l', 0x01,
+        ],
+    )?;
+    let repeated = outbox.transaction(|tx| tx.send(&twice));
+    assert!(
+        matches!(&repeated, Err(Error::SchemaViolation(m)) if m.reason.contains("\"total\" is repeated")),
+        "{repeated:?}"
+    );
+    assert_eq!(outbox.stats()?.pending_messages, 0);
+    Ok(())
+}
+
+#[test]
+fn a_running_relay_checks_with_versions_registered_after_it_started() -> TestResult {
+    let broker = Broker::start()?;
+    let sub = Subscriber::start(broker.addr(), "orders/#")?;
+    let (_dir, path) = temp_db()?;
+    let device = open(&path, &[order_v1()])?;
+    let relay = Relay::start(&device, relay_config_for(&broker, "schemas-later"))?;
+    place(
+        &device,
+        &Order {
+            id: "o-1",
+            total: 1,
+            items: vec![],
+        },
+    )?;
+    assert!(sub.wait_for(1, WAIT), "the first order is published");
+    // Another process registers v2 and writes a v2 order.
+    let v2 = EventSchema::new(
+        "order.placed",
+        2,
+        "orders/#",
+        "order = { id: tstr, total: uint, ? items: [* item], ? currency: tstr }\nitem = { sku: tstr, qty: uint }",
+    );
+    let writer = open(&path, &[order_v1(), v2])?;
+    writer.transaction(|tx| {
+        tx.publish(
+            "orders/placed",
+            "o-2",
+            &std::collections::BTreeMap::from([
+                ("id", ciborium::Value::from("o-2")),
+                ("total", ciborium::Value::from(2)),
+                ("currency", ciborium::Value::from("EUR")),
+            ]),
+        )
+    })?;
+    assert!(
+        sub.wait_for(2, WAIT),
+        "the v2 order is published, not dead-lettered"
+    );
+    relay.shutdown()?;
+    let dead = device.dead_letters(10)?;
+    assert!(dead.is_empty(), "no message dead-lettered: {dead:?}");
     Ok(())
 }

@@ -57,7 +57,7 @@ impl Checker {
         let version = crate::payload_schema::version_of(&headers);
         // The topic is not in the envelope: the type selects the schema.
         self.registry
-            .check("", Some(event_type), version, &env.payload)
+            .check(None, Some(event_type), version, &env.payload)
             .map(|_| ())
             .map_err(|v| v.to_string())
     }

@@ -12,7 +12,7 @@ pub(super) fn check(old: &Compiled, new: &Compiled) -> Result<(), String> {
     let old_root = root(old)?;
     let new_root = root(new)?;
     let (Node::Map(old_map), Node::Map(new_map)) = (old_root, new_root) else {
-        if old_root == new_root {
+        if same(old_root, old, new_root, new, 0) {
             return Ok(());
         }
         return Err(format!(
@@ -25,7 +25,7 @@ pub(super) fn check(old: &Compiled, new: &Compiled) -> Result<(), String> {
     for (key, (value, optional)) in &old_fields {
         match new_fields.iter().find(|(k, _)| k == key) {
             None => return Err(format!("field {key:?} was removed: a field may never be removed")),
-            Some((_, (v, o))) if v != value || o != optional => {
+            Some((_, (v, o))) if !same(value, old, v, new, 0) || o != optional => {
                 return Err(format!(
                     "field {key:?} changed (type or optionality): a field may never be repurposed"
                 ));
@@ -43,24 +43,58 @@ pub(super) fn check(old: &Compiled, new: &Compiled) -> Result<(), String> {
     Ok(())
 }
 
-fn root(schema: &Compiled) -> Result<&Node, String> {
-    let rule = |name: &str| {
-        schema
-            .rules
-            .rules
-            .get(name)
-            .map(|r| &r.node)
-            .ok_or_else(|| format!("rule {name} is missing"))
+/// How deep [`same`] follows rules and members; a schema deeper (or recursive, `tree = [* tree]`)
+/// is not compared, and its change is refused.
+const MAX_DEPTH: usize = 32;
+
+/// Whether `a` (of `old`) and `b` (of `new`) describe the same values, rules referenced by name
+/// followed on each side: a field of type `amount` is unchanged only if `amount` is.
+fn same(a: &Node, old: &Compiled, b: &Node, new: &Compiled, depth: usize) -> bool {
+    if depth > MAX_DEPTH {
+        return false;
+    }
+    let (Some(a), Some(b)) = (resolve(a, old), resolve(b, new)) else {
+        return false;
     };
-    let mut node = rule(&schema.root)?;
-    // A root that names another rule is that rule (`order = order-v1`); a cycle stops the walk.
-    for _ in 0..32 {
+    let all = |x: &[Node], y: &[Node]| {
+        x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same(x, old, y, new, depth + 1))
+    };
+    match (a, b) {
+        (Node::Map(x), Node::Map(y)) => all(&x.members, &y.members),
+        (Node::Array(x), Node::Array(y)) => all(&x.members, &y.members),
+        (Node::Group(x), Node::Group(y)) => all(&x.members, &y.members),
+        (Node::Choice(x), Node::Choice(y)) => all(&x.options, &y.options),
+        (Node::KeyValue(x), Node::KeyValue(y)) => {
+            x.cut == y.cut
+                && same(&x.key, old, &y.key, new, depth + 1)
+                && same(&x.value, old, &y.value, new, depth + 1)
+        }
+        (Node::Occur(x), Node::Occur(y)) => x.limit == y.limit && same(&x.node, old, &y.node, new, depth + 1),
+        // Literals, prelude types, ranges, controls, generic rules: compared as written.
+        _ => a == b,
+    }
+}
+
+/// `node` with (non-generic) rule names followed in `schema`; `None` for a missing rule or a cycle.
+fn resolve<'n>(mut node: &'n Node, schema: &'n Compiled) -> Option<&'n Node> {
+    for _ in 0..MAX_DEPTH {
         match node {
-            Node::Rule(r) if r.generic_args.is_empty() => node = rule(&r.name)?,
-            _ => break,
+            Node::Rule(r) if r.generic_args.is_empty() => node = &schema.rules.rules.get(&r.name)?.node,
+            _ => return Some(node),
         }
     }
-    Ok(node)
+    None
+}
+
+fn root(schema: &Compiled) -> Result<&Node, String> {
+    let named = &schema
+        .rules
+        .rules
+        .get(&schema.root)
+        .ok_or_else(|| format!("rule {} is missing", schema.root))?
+        .node;
+    // A root that names another rule is that rule (`order = order-v1`).
+    resolve(named, schema).ok_or_else(|| format!("rule {} names a missing rule, or a cycle", schema.root))
 }
 
 /// A map member: its key, its value's type and whether it may be absent.

@@ -7,6 +7,7 @@
 //! version may only add optional fields to the one before it (see `compat`).
 
 mod compat;
+mod nesting;
 mod path;
 mod published;
 mod registry;
@@ -19,4 +20,4 @@ pub use registry::EventSchema;
 pub(crate) use registry::Registry;
 pub use schemas::Schemas;
 pub(crate) use stamp::{check_and_stamp, headers, version_of};
-pub(crate) use table::{adopt_on_open, compile_all};
+pub(crate) use table::{adopt_on_open, compile_all, reloaded};

@@ -21,6 +21,12 @@ pub(super) fn check(schema: &Compiled, payload: &[u8]) -> Result<(), Violation> 
     };
     let value: Value = ciborium::from_reader(payload)
         .map_err(|e| violation("$".into(), format!("payload is not CBOR: {e}")))?;
+    // The validator reads maps into a sorted map, where a repeated key keeps only its last value:
+    // `{"total": -1, "total": 1}` would pass as 1 and be read as -1 by the first decoder that
+    // keeps the first.
+    if let Some(key) = repeated_key(&value) {
+        return Err(violation("$".into(), format!("map key {key} is repeated")));
+    }
     let root = schema
         .rules
         .lookup_rule(&schema.root)
@@ -34,6 +40,39 @@ pub(super) fn check(schema: &Compiled, payload: &[u8]) -> Result<(), Violation> 
             Err(violation(path, reason))
         }
     }
+}
+
+/// A map key that appears twice anywhere in `value`, shown as CBOR diagnostic-ish text.
+fn repeated_key(value: &Value) -> Option<String> {
+    let mut pending = vec![value];
+    while let Some(v) = pending.pop() {
+        match v {
+            Value::Array(items) => pending.extend(items),
+            Value::Tag(_, inner) => pending.push(inner),
+            Value::Map(entries) => {
+                let mut texts = std::collections::HashSet::new();
+                let mut others: Vec<&Value> = Vec::new();
+                for (k, v) in entries {
+                    let repeated = match k.as_text() {
+                        Some(t) => !texts.insert(t),
+                        None => {
+                            others.contains(&k) || {
+                                others.push(k);
+                                false
+                            }
+                        }
+                    };
+                    if repeated {
+                        return Some(k.as_text().map_or_else(|| format!("{k:?}"), |t| format!("{t:?}")));
+                    }
+                    pending.push(k);
+                    pending.push(v);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Whether `value` matches `node`, a part of a schema (after a failure only: it copies the part).

@@ -91,6 +91,7 @@ impl Compiled {
             return Err(bad("an event type must be named and versions start at 1".into()));
         }
         crate::topic::validate_filter(&def.topic_filter)?;
+        super::nesting::check(&def.cddl).map_err(bad)?;
         let ast = parse_cddl(&def.cddl).map_err(|e| bad(format!("not valid CDDL: {e}")))?;
         let root = ast
             .rules
@@ -128,29 +129,47 @@ impl Registry {
         self.schemas.is_empty() && !self.strict
     }
 
-    /// The schema a message on `topic` is checked against: the one its type and version name, else
-    /// the newest version of its type, else of the first type registered for the topic. `Err`: it
-    /// names a version of its type that is not registered.
+    /// The schema a message on `topic` is checked against, among those whose filter matches it
+    /// (all of them when the topic is not known: a consumer checks envelopes): the one its type
+    /// and version name, else the newest version of its type, else of the first type registered
+    /// for the topic. `Err`: it names a type not registered for its topic, or a version of its
+    /// type that is not registered; either would let a writer step around the topic's schema.
     pub fn select(
         &self,
-        topic: &str,
+        topic: Option<&str>,
         event_type: Option<&str>,
         version: Option<u32>,
     ) -> std::result::Result<Option<&Compiled>, String> {
-        let on_topic = |c: &&Compiled| crate::topic::filter_matches(&c.def.topic_filter, topic);
-        let event_type = match event_type {
-            Some(t) if self.schemas.iter().any(|c| c.def.event_type == t) => t,
-            _ => match self.schemas.iter().find(on_topic) {
-                Some(c) => &c.def.event_type,
-                None => return Ok(None),
-            },
+        let covers =
+            |c: &&Compiled| topic.is_none_or(|t| crate::topic::filter_matches(&c.def.topic_filter, t));
+        let Some(first) = self.schemas.iter().find(covers) else {
+            return Ok(None);
         };
-        let versions = || self.schemas.iter().filter(|c| c.def.event_type == event_type);
+        let event_type = match (event_type, topic) {
+            (Some(t), _) if self.schemas.iter().filter(covers).any(|c| c.def.event_type == t) => t,
+            // A consumer: a type it has no schema for names no contract it knows.
+            (Some(_), None) => return Ok(None),
+            (Some(t), Some(topic)) => {
+                return Err(format!(
+                    "event type {t} is not registered for topic {topic:?} (a schema for {} is)",
+                    first.def.event_type
+                ));
+            }
+            (None, _) => first.def.event_type.as_str(),
+        };
+        let versions = || {
+            self.schemas
+                .iter()
+                .filter(covers)
+                .filter(move |c| c.def.event_type == event_type)
+        };
         match version {
             None => Ok(versions().max_by_key(|c| c.def.version)),
             Some(v) => match versions().find(|c| c.def.version == v) {
                 Some(c) => Ok(Some(c)),
-                None => Err(format!("{event_type} has no registered version {v}")),
+                None => Err(format!(
+                    "{event_type} has no registered version {v} for this topic"
+                )),
             },
         }
     }
@@ -159,7 +178,7 @@ impl Registry {
     /// else the schema it matched.
     pub fn check(
         &self,
-        topic: &str,
+        topic: Option<&str>,
         event_type: Option<&str>,
         version: Option<u32>,
         payload: &[u8],
@@ -178,7 +197,10 @@ impl Registry {
                     schema: "none".into(),
                     rule: "none".into(),
                     path: "$".into(),
-                    reason: format!("no schema is registered for topic {topic:?} and schemas are strict"),
+                    reason: format!(
+                        "no schema is registered for topic {:?} and schemas are strict",
+                        topic.unwrap_or_default()
+                    ),
                 });
             }
             return Ok(None);

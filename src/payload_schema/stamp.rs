@@ -36,7 +36,7 @@ pub(crate) fn check_and_stamp(
     let mut headers = headers(header_blob)?;
     let version = version_of(&headers);
     let schema = registry
-        .check(topic, event_type, version, payload)
+        .check(Some(topic), event_type, version, payload)
         .map_err(|v| v.into_error(topic))?;
     let Some(schema) = schema else { return Ok(None) };
     if event_type == Some(schema.def.event_type.as_str()) && version == Some(schema.def.version) {

@@ -13,7 +13,7 @@ pub(crate) fn adopt_on_open(conn: &mut Connection, defs: &[EventSchema], strict:
     if !defs.is_empty() {
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         for def in defs {
-            let compiled = Compiled::new(def.clone())?;
+            Compiled::new(def.clone())?;
             let stored: Option<(String, String)> = tx
                 .query_row(
                     "SELECT topic_filter, cddl FROM edge_outbox_schemas WHERE event_type = ?1 AND version = ?2",
@@ -32,9 +32,6 @@ pub(crate) fn adopt_on_open(conn: &mut Connection, defs: &[EventSchema], strict:
                     )));
                 }
                 None => {
-                    if let Some(previous) = previous_version(&tx, def)? {
-                        compatible(&previous, &compiled)?;
-                    }
                     tx.execute(
                         "INSERT INTO edge_outbox_schemas (event_type, version, topic_filter, cddl) VALUES (?1, ?2, ?3, ?4)",
                         params![def.event_type, def.version, def.topic_filter, def.cddl],
@@ -42,13 +39,78 @@ pub(crate) fn adopt_on_open(conn: &mut Connection, defs: &[EventSchema], strict:
                 }
             }
         }
+        // Every version against the one below it, whatever order they were registered in (a v2
+        // given before its v1, or between a v1 and a v3 already in the file).
+        let registry = load(&tx, strict)?;
+        check_chain(&registry)?;
         tx.commit()?;
+        return Ok(registry);
     }
     load(conn, strict)
 }
 
+/// Each event type's versions, in version order, each a compatible change of the one below it.
+fn check_chain(registry: &Registry) -> Result<()> {
+    let mut by_type: Vec<&Compiled> = registry.schemas.iter().collect();
+    by_type.sort_by(|a, b| (&a.def.event_type, a.def.version).cmp(&(&b.def.event_type, b.def.version)));
+    for pair in by_type.windows(2) {
+        let [previous, next] = pair else { continue };
+        if previous.def.event_type != next.def.event_type {
+            continue;
+        }
+        if previous.def.version == next.def.version {
+            return Err(Error::InvalidConfig(format!(
+                "schema {} is given twice",
+                next.def.name()
+            )));
+        }
+        compatible(previous, next)?;
+    }
+    Ok(())
+}
+
+/// The file's schemas read again if another handle registered some since `current` was loaded
+/// (rows are only ever added, so their count tells); `None` when nothing changed. A relay that
+/// runs for months would otherwise refuse every message of a version registered after it started.
+pub(crate) fn reloaded(conn: &Connection, current: &Registry) -> Option<Registry> {
+    if crate::mutant::active("schemas-read-once") {
+        return None;
+    }
+    let rows: i64 = conn
+        .query_row("SELECT count(*) FROM edge_outbox_schemas", [], |r| r.get(0))
+        .ok()?;
+    if usize::try_from(rows).ok() == Some(current.schemas.len()) {
+        return None;
+    }
+    match load(conn, current.strict) {
+        Ok(registry) => {
+            tracing::info!(
+                schemas = registry.schemas.len(),
+                "payload schemas read again: new ones were registered"
+            );
+            Some(registry)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the payload schemas registered since could not be read; checking with the earlier ones");
+            None
+        }
+    }
+}
+
 /// Every schema in the file, in registration order.
 pub(crate) fn load(conn: &Connection, strict: bool) -> Result<Registry> {
+    // A file from before schemas (version 8), read by a tool that does not migrate it.
+    let exists: bool = conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'edge_outbox_schemas')",
+        [],
+        |r| r.get(0),
+    )?;
+    if !exists {
+        return Ok(Registry {
+            schemas: Vec::new(),
+            strict,
+        });
+    }
     let mut stmt = conn
         .prepare("SELECT event_type, version, topic_filter, cddl FROM edge_outbox_schemas ORDER BY rowid")?;
     let defs = stmt
@@ -68,26 +130,17 @@ pub(crate) fn load(conn: &Connection, strict: bool) -> Result<Registry> {
 /// `defs` compiled, without a file: each version checked against the one below it, as
 /// registering them in order would.
 pub(crate) fn compile_all(defs: &[EventSchema]) -> Result<Registry> {
-    let mut schemas: Vec<Compiled> = Vec::with_capacity(defs.len());
-    let mut sorted: Vec<&EventSchema> = defs.iter().collect();
-    sorted.sort_by(|a, b| (&a.event_type, a.version).cmp(&(&b.event_type, b.version)));
-    for def in sorted {
-        let compiled = Compiled::new(def.clone())?;
-        if let Some(previous) = schemas.last().filter(|p| p.def.event_type == def.event_type) {
-            if previous.def.version == def.version {
-                return Err(Error::InvalidConfig(format!(
-                    "schema {} is given twice",
-                    def.name()
-                )));
-            }
-            compatible(previous, &compiled)?;
-        }
-        schemas.push(compiled);
-    }
-    Ok(Registry {
+    let schemas = defs
+        .iter()
+        .cloned()
+        .map(Compiled::new)
+        .collect::<Result<Vec<_>>>()?;
+    let registry = Registry {
         schemas,
         strict: false,
-    })
+    };
+    check_chain(&registry)?;
+    Ok(registry)
 }
 
 /// Refuses `new` unless it is a compatible change of `previous`, saying why.
@@ -99,24 +152,4 @@ fn compatible(previous: &Compiled, new: &Compiled) -> Result<()> {
             previous.def.name()
         ))
     })
-}
-
-/// The highest registered version of `def`'s event type below `def`'s.
-fn previous_version(conn: &Connection, def: &EventSchema) -> Result<Option<Compiled>> {
-    conn.query_row(
-        "SELECT event_type, version, topic_filter, cddl FROM edge_outbox_schemas
-         WHERE event_type = ?1 AND version < ?2 ORDER BY version DESC LIMIT 1",
-        params![def.event_type, def.version],
-        |r| {
-            Ok(EventSchema {
-                event_type: r.get(0)?,
-                version: r.get(1)?,
-                topic_filter: r.get(2)?,
-                cddl: r.get(3)?,
-            })
-        },
-    )
-    .optional()?
-    .map(Compiled::new)
-    .transpose()
 }

@@ -255,6 +255,10 @@ impl Publisher {
     /// Reads what the core asks for, and syncs the WAL once for it where its commits may not be
     /// on stable storage yet.
     fn read(&mut self, d: &mut Driver, req: &ReadRequest) -> Result<ReadResult> {
+        #[cfg(feature = "schemas")]
+        if let Some(registry) = crate::payload_schema::reloaded(&self.conn, &self.options.limits.schemas) {
+            self.options.limits.schemas = Arc::new(registry);
+        }
         let ctx = Context {
             source: &self.config.source,
             epochs: &d.epochs,

@@ -308,7 +308,7 @@ fn check_schema(
         }
     };
     registry
-        .check(topic, event_type, version, cbor)
+        .check(Some(topic), event_type, version, cbor)
         .map(|_| ())
         .map_err(|v| v.to_string())
 }
