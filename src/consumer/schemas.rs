@@ -2,9 +2,6 @@
 //! same contract the device checked it with where it was written.
 
 #[cfg(feature = "schemas")]
-use std::borrow::Cow;
-
-#[cfg(feature = "schemas")]
 use crate::envelope::Envelope;
 #[cfg(feature = "schemas")]
 use crate::error::Result;
@@ -49,12 +46,7 @@ impl Checker {
         let Some(event_type) = env.event_type.as_deref() else {
             return Ok(());
         };
-        let headers: Vec<(Cow<'static, str>, Cow<'static, str>)> = env
-            .headers
-            .iter()
-            .map(|(k, v)| (Cow::Owned(k.to_string()), Cow::Owned(v.to_string())))
-            .collect();
-        let version = crate::payload_schema::version_of(&headers);
+        let version = crate::payload_schema::version_of(&env.headers);
         // The topic is not in the envelope: the type selects the schema.
         self.registry
             .check(None, Some(event_type), version, &env.payload)

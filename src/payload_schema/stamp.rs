@@ -17,11 +17,11 @@ pub(crate) fn headers(blob: Option<&[u8]>) -> Result<Vec<(Cow<'static, str>, Cow
 }
 
 /// The version a message names in its `schema-version` header, if it names a number.
-pub(crate) fn version_of(headers: &[(Cow<'static, str>, Cow<'static, str>)]) -> Option<u32> {
+pub(crate) fn version_of<K: AsRef<str>, V: AsRef<str>>(headers: &[(K, V)]) -> Option<u32> {
     headers
         .iter()
-        .find(|(k, _)| k == VERSION_HEADER)
-        .and_then(|(_, v)| v.parse().ok())
+        .find(|(k, _)| k.as_ref() == VERSION_HEADER)
+        .and_then(|(_, v)| v.as_ref().parse().ok())
 }
 
 /// The event type and encoded headers a message checked against `registry` is stored with, or
