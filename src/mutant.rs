@@ -77,6 +77,12 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
         "salvage-renumbered-gaps-kept",
         "tests/salvage_unreadable_epochs.rs",
     ),
+    // Salvage creates a virtual table again through its module, which the CLI's SQLite lacks
+    // (FTS5, R*Tree): the application's full-text index is lost.
+    (
+        "salvage-virtual-table-recreated",
+        "tests/salvage_virtual_tables.rs",
+    ),
     // The consumer takes a number at or below its horizon (a gap given up on past `max_gaps`) as
     // seen, and ignores a notice there.
     ("consumer-forgotten-seen", "tests/consumer_bounds.rs"),

@@ -9,7 +9,8 @@
 //! damaged page held are recorded as an `unrecoverable` gap for the relay to announce. New
 //! messages are numbered in a new epoch, after every number the damaged file may have used. When
 //! the epochs themselves are unreadable, pending messages are numbered anew and the gap rows are
-//! not copied (their numbers name no epoch any more).
+//! not copied (their numbers name no epoch any more). A virtual table (FTS5, R*Tree) keeps its
+//! definition as written and its shadow tables' rows, so no module is needed to copy it.
 //!
 //! Then the damaged file (and its WAL) is renamed `<name>.corrupt-<unix ms>` for an operator, and
 //! the fresh one takes its place. A crash before that swap leaves the damaged file in place (the
@@ -19,6 +20,8 @@
 //! Reading around damage: rows are read in rowid order from a cursor; when a read fails, the
 //! next readable rowid is found by seeking further (doubling the step, then halving back), and
 //! the rowids skipped are reported lost. A row whose own content is unreadable is skipped alone.
+//! A `WITHOUT ROWID` table has no rowid to seek by: it is copied in key order up to its first
+//! unreadable page.
 
 use std::path::{Path, PathBuf};
 
@@ -60,6 +63,8 @@ pub struct SalvagedTable {
     /// Rows copied.
     pub rows: u64,
     /// Rowid ranges that could not be read (`i64::MAX` as the end: up to the end of the table).
+    /// For a `WITHOUT ROWID` table, positions in key order: its copy stops at the first
+    /// unreadable page.
     pub lost: Vec<(i64, i64)>,
     /// Why the table could not be copied at all, if so.
     pub failed: Option<String>,
@@ -214,10 +219,10 @@ fn copy_into(conn: &mut Connection, damaged: &Path) -> Result<Salvaged> {
 /// the highest number acknowledged from it (its watermark).
 fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged, published: i64) -> Result<()> {
     // The damaged file's schema: what it had, in creation order.
-    let schema: Vec<(String, String, Option<String>)> = rows_or_empty(
+    let schema: Vec<(String, String, Option<String>, i64)> = rows_or_empty(
         src,
-        "SELECT type, name, sql FROM sqlite_schema ORDER BY rowid",
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        "SELECT type, name, sql, coalesce(rootpage, 0) FROM sqlite_schema ORDER BY rowid",
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
     );
     let old_epochs: Option<Vec<(i64, i64, String, i64)>> = src
         .prepare("SELECT epoch, first_seq, reason, started_at FROM edge_outbox_epochs ORDER BY first_seq")
@@ -235,8 +240,18 @@ fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged, published:
         .ok()
         .flatten();
 
-    for (kind, name, sql) in &schema {
+    let mut virtual_tables = Vec::new();
+    for (kind, name, sql, rootpage) in &schema {
         if kind != "table" || name.starts_with("sqlite_") || NOT_COPIED.contains(&name.as_str()) {
+            continue;
+        }
+        if *rootpage == 0 && !crate::mutant::active("salvage-virtual-table-recreated") {
+            // A virtual table (FTS5, R*Tree, ...): its rows live in its shadow tables, which are
+            // ordinary tables of this schema and are copied as they are. Only its definition is
+            // kept, not created again through its module, which this build may lack.
+            if let Some(sql) = sql {
+                virtual_tables.push((name.clone(), sql.clone()));
+            }
             continue;
         }
         if !exists(tx, name)? {
@@ -293,7 +308,8 @@ fn copy_all(src: &Connection, tx: &Connection, report: &mut Salvaged, published:
         }
         report.tables.push(table);
     }
-    for (kind, name, sql) in &schema {
+    keep_virtual_tables(tx, &virtual_tables)?;
+    for (kind, name, sql, _) in &schema {
         // The application's indexes, triggers and views, once its rows are in.
         if kind == "table" || name.starts_with("sqlite_") || exists(tx, name)? {
             continue;
@@ -412,6 +428,41 @@ fn epoch_after(tx: &Connection, high: i64, reason: &str) -> Result<u64> {
     epoch::start(tx, reason)
 }
 
+/// Writes the definitions of the damaged file's virtual tables into the fresh file's schema as
+/// they were, as SQLite's own recovery does: their shadow tables are already copied, so each
+/// table has its rows again, and no module is needed to do it (the CLI's SQLite has no FTS or
+/// R*Tree). The schema cookie is bumped, so every connection reads the new schema.
+fn keep_virtual_tables(tx: &Connection, tables: &[(String, String)]) -> Result<()> {
+    let tables: Vec<_> = tables
+        .iter()
+        .map(|(name, sql)| Ok((name, sql, exists(tx, name)?)))
+        .collect::<Result<_>>()?;
+    let missing: Vec<_> = tables.into_iter().filter(|(_, _, exists)| !exists).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let cookie: i64 = tx.query_row("PRAGMA schema_version", [], |r| r.get(0))?;
+    tx.execute_batch("PRAGMA writable_schema = ON")?;
+    let written = missing.iter().try_for_each(|(name, sql, _)| {
+        tx.execute(
+            "INSERT INTO main.sqlite_schema (type, name, tbl_name, rootpage, sql) VALUES ('table', ?1, ?1, 0, ?2)",
+            [name.as_str(), sql.as_str()],
+        )
+        .map(drop)
+    });
+    let bumped = tx.execute_batch(&format!("PRAGMA schema_version = {}", cookie + 1));
+    tx.execute_batch("PRAGMA writable_schema = OFF")?;
+    written?;
+    bumped?;
+    for (name, _, _) in &missing {
+        tracing::info!(
+            name = name.as_str(),
+            "salvage: kept a virtual table's definition; its rows are in its shadow tables"
+        );
+    }
+    Ok(())
+}
+
 fn exists(tx: &Connection, name: &str) -> Result<bool> {
     Ok(tx.query_row(
         "SELECT EXISTS (SELECT 1 FROM main.sqlite_schema WHERE name = ?1)",
@@ -467,6 +518,10 @@ fn copy_table(src: &Connection, tx: &Connection, table: &str, renumber: bool) ->
     }
     let list = cols.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", ");
     let t = quote(table);
+    if without_rowid(src, table) {
+        copy_without_rowid(src, tx, &t, &list, cols.len(), &mut out);
+        return out;
+    }
     // `>=`, not `>`: seeking past a row goes through the page that holds it, which may be the
     // damaged one just skipped.
     let select = format!("SELECT rowid, {list} FROM {t} WHERE rowid >= ?1 ORDER BY rowid LIMIT {BATCH}");
@@ -532,6 +587,55 @@ fn copy_table(src: &Connection, tx: &Connection, table: &str, renumber: bool) ->
                 },
             },
         }
+    }
+}
+
+/// Whether `table` is a `WITHOUT ROWID` table (an application's, or FTS5's `_config` and `_idx`):
+/// its rows are reached by their key only.
+fn without_rowid(src: &Connection, table: &str) -> bool {
+    src.query_row(
+        "SELECT wr FROM pragma_table_list WHERE schema = 'main' AND name = ?1",
+        [table],
+        |r| r.get::<_, bool>(0),
+    )
+    .unwrap_or(false)
+}
+
+/// Copies a `WITHOUT ROWID` table in key order, as far as it can be read. There is no rowid to
+/// seek past a damaged page by, so a failed read ends the copy: `lost` then names positions in
+/// key order (the first unread one onwards), not rowids.
+fn copy_without_rowid(
+    src: &Connection,
+    tx: &Connection,
+    t: &str,
+    list: &str,
+    n: usize,
+    out: &mut SalvagedTable,
+) {
+    let holes = vec!["?"; n].join(", ");
+    let insert = format!("INSERT OR IGNORE INTO main.{t} ({list}) VALUES ({holes})");
+    let mut position: i64 = 0;
+    let read = (|| -> rusqlite::Result<()> {
+        let mut stmt = src.prepare(&format!("SELECT {list} FROM {t}"))?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            let values = (0..n)
+                .map(|i| row.get::<_, Value>(i))
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            position += 1;
+            match tx
+                .prepare_cached(&insert)
+                .and_then(|mut s| s.execute(rusqlite::params_from_iter(values)))
+            {
+                Ok(1) => out.rows += 1,
+                Ok(_) | Err(_) => out.lost.push((position, position)),
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = read {
+        tracing::warn!(table = t, rows = out.rows, error = %e, "salvage: stopped at an unreadable page of a table without rowids");
+        out.lost.push((position + 1, i64::MAX));
     }
 }
 
