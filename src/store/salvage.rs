@@ -433,17 +433,18 @@ fn epoch_after(tx: &Connection, high: i64, reason: &str) -> Result<u64> {
 /// table has its rows again, and no module is needed to do it (the CLI's SQLite has no FTS or
 /// R*Tree). The schema cookie is bumped, so every connection reads the new schema.
 fn keep_virtual_tables(tx: &Connection, tables: &[(String, String)]) -> Result<()> {
-    let tables: Vec<_> = tables
-        .iter()
-        .map(|(name, sql)| Ok((name, sql, exists(tx, name)?)))
-        .collect::<Result<_>>()?;
-    let missing: Vec<_> = tables.into_iter().filter(|(_, _, exists)| !exists).collect();
+    let mut missing = Vec::new();
+    for (name, sql) in tables {
+        if !exists(tx, name)? {
+            missing.push((name, sql));
+        }
+    }
     if missing.is_empty() {
         return Ok(());
     }
     let cookie: i64 = tx.query_row("PRAGMA schema_version", [], |r| r.get(0))?;
     tx.execute_batch("PRAGMA writable_schema = ON")?;
-    let written = missing.iter().try_for_each(|(name, sql, _)| {
+    let written = missing.iter().try_for_each(|(name, sql)| {
         tx.execute(
             "INSERT INTO main.sqlite_schema (type, name, tbl_name, rootpage, sql) VALUES ('table', ?1, ?1, 0, ?2)",
             [name.as_str(), sql.as_str()],
@@ -454,7 +455,7 @@ fn keep_virtual_tables(tx: &Connection, tables: &[(String, String)]) -> Result<(
     tx.execute_batch("PRAGMA writable_schema = OFF")?;
     written?;
     bumped?;
-    for (name, _, _) in &missing {
+    for (name, _) in &missing {
         tracing::info!(
             name = name.as_str(),
             "salvage: kept a virtual table's definition; its rows are in its shadow tables"
@@ -518,15 +519,15 @@ fn copy_table(src: &Connection, tx: &Connection, table: &str, renumber: bool) ->
     }
     let list = cols.iter().map(|c| quote(c)).collect::<Vec<_>>().join(", ");
     let t = quote(table);
+    let holes = vec!["?"; cols.len()].join(", ");
+    let insert = format!("INSERT OR IGNORE INTO main.{t} ({list}) VALUES ({holes})");
     if without_rowid(src, table) {
-        copy_without_rowid(src, tx, &t, &list, cols.len(), &mut out);
+        copy_without_rowid(src, tx, &t, &list, &insert, cols.len(), &mut out);
         return out;
     }
     // `>=`, not `>`: seeking past a row goes through the page that holds it, which may be the
     // damaged one just skipped.
     let select = format!("SELECT rowid, {list} FROM {t} WHERE rowid >= ?1 ORDER BY rowid LIMIT {BATCH}");
-    let holes = vec!["?"; cols.len()].join(", ");
-    let insert = format!("INSERT OR IGNORE INTO main.{t} ({list}) VALUES ({holes})");
     // The next rowid to read.
     let mut from = i64::MIN;
     loop {
@@ -546,12 +547,10 @@ fn copy_table(src: &Connection, tx: &Connection, table: &str, renumber: bool) ->
         let mut last = None;
         for (rowid, values) in batch {
             last = Some(rowid);
-            match tx
-                .prepare_cached(&insert)
-                .and_then(|mut s| s.execute(rusqlite::params_from_iter(values)))
-            {
-                Ok(1) => out.rows += 1,
-                Ok(_) | Err(_) => out.lost.push((rowid, rowid)),
+            if inserted(tx, &insert, values) {
+                out.rows += 1;
+            } else {
+                out.lost.push((rowid, rowid));
             }
         }
         if let Some(last) = last {
@@ -590,6 +589,15 @@ fn copy_table(src: &Connection, tx: &Connection, table: &str, renumber: bool) ->
     }
 }
 
+/// Inserts one copied row; false if it was refused (a constraint of the fresh table) or ignored.
+fn inserted(tx: &Connection, insert: &str, values: Vec<Value>) -> bool {
+    matches!(
+        tx.prepare_cached(insert)
+            .and_then(|mut s| s.execute(rusqlite::params_from_iter(values))),
+        Ok(1)
+    )
+}
+
 /// Whether `table` is a `WITHOUT ROWID` table (an application's, or FTS5's `_config` and `_idx`):
 /// its rows are reached by their key only.
 fn without_rowid(src: &Connection, table: &str) -> bool {
@@ -609,11 +617,10 @@ fn copy_without_rowid(
     tx: &Connection,
     t: &str,
     list: &str,
+    insert: &str,
     n: usize,
     out: &mut SalvagedTable,
 ) {
-    let holes = vec!["?"; n].join(", ");
-    let insert = format!("INSERT OR IGNORE INTO main.{t} ({list}) VALUES ({holes})");
     let mut position: i64 = 0;
     let read = (|| -> rusqlite::Result<()> {
         let mut stmt = src.prepare(&format!("SELECT {list} FROM {t}"))?;
@@ -623,12 +630,10 @@ fn copy_without_rowid(
                 .map(|i| row.get::<_, Value>(i))
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             position += 1;
-            match tx
-                .prepare_cached(&insert)
-                .and_then(|mut s| s.execute(rusqlite::params_from_iter(values)))
-            {
-                Ok(1) => out.rows += 1,
-                Ok(_) | Err(_) => out.lost.push((position, position)),
+            if inserted(tx, insert, values) {
+                out.rows += 1;
+            } else {
+                out.lost.push((position, position));
             }
         }
         Ok(())
