@@ -150,6 +150,8 @@ pub use batching::{Batching, Compression, MAX_BATCH_BYTES};
 pub use commands::send_command;
 pub use envelope::{Envelope, GapCause, GapNotice, MessageId, Published};
 pub use error::{Error, Result, SchemaMismatch};
+#[cfg(feature = "http-proxy")]
+pub use mqtt::HttpProxy;
 pub use mqtt::status::AckLatency;
 pub use mqtt::{MqttConfig, Protocol, TlsConfig, redact_url, subscribe};
 #[cfg(feature = "schemas")]

@@ -48,6 +48,9 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // The TLS handshake offers no ALPN protocol, whatever `TlsConfig::alpn` asked for: AWS IoT
     // Core on port 443 refuses every connection.
     ("alpn-dropped", "tests/cloud_alpn.rs"),
+    // The sessions connect to the broker directly, ignoring `MqttConfig::http_proxy`: a device on
+    // a network that lets nothing out but through the proxy never connects.
+    ("proxy-ignored", "tests/http_proxy.rs"),
     // A retried outgoing dead letter goes back in lane 0, with no lifetime, not evictable.
     ("retry-loses-settings", "tests/outbox_dead_letter_retry.rs"),
     // Receiving verifies with the handle's own keys only, not the file's: a keyless handle (the

@@ -146,6 +146,25 @@ fn a_file_says_what_each_documented_set_of_options_says() -> TestResult {
             ),
         ),
         (
+            // "Behind a proxy or on 443 only": an HTTP proxy and the brokers reached directly.
+            vec![
+                "--db",
+                &db,
+                "--client-id",
+                "pump-17",
+                "--broker",
+                "mqtts://broker.example.com:8883",
+                "--proxy",
+                "http://proxy.corp.example:3128",
+                "--no-proxy",
+                "localhost,.plant.local",
+            ],
+            format!(
+                "db = {db:?}\nclient-id = \"pump-17\"\nbroker = \"mqtts://broker.example.com:8883\"\n\
+                 proxy = \"http://proxy.corp.example:3128\"\nno-proxy = \"localhost,.plant.local\"\n"
+            ),
+        ),
+        (
             // Every other option: batching, windows, timeouts, metrics, logs, a failover list.
             vec![
                 "--db",
@@ -232,11 +251,12 @@ fn a_file_says_what_each_documented_set_of_options_says() -> TestResult {
         &write(
             d,
             "url.toml",
-            "broker = \"mqtt://pump:s3cret@h\"\nclient-id = \"x\"\n",
+            "broker = \"mqtt://pump:s3cret@h\"\nclient-id = \"x\"\nproxy = \"http://dev:pr0xy-s3cret@proxy:3128\"\n",
         )?,
         &[],
     )?;
     assert_eq!(shown["broker"][0], "mqtt://pump:***@h");
+    assert_eq!(shown["proxy"], "http://dev:***@proxy:3128");
     assert!(!shown.to_string().contains("s3cret"));
     Ok(())
 }

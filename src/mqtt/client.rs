@@ -90,6 +90,13 @@ impl SessionOptions {
                     if let Some(t) = transport.clone() {
                         o.set_transport(t);
                     }
+                    #[cfg(feature = "http-proxy")]
+                    if let Some(proxy) = config
+                        .proxy_for(host)
+                        .filter(|_| !crate::mutant::active("proxy-ignored"))
+                    {
+                        o.set_proxy(proxy.rumqttc());
+                    }
                     match role {
                         Role::Publisher { max_in_flight } => {
                             o.set_max_packet_size(config.packet_limit(), config.packet_limit())
@@ -133,6 +140,13 @@ impl SessionOptions {
                     }
                     if let Some(t) = transport.clone() {
                         o.set_transport(t);
+                    }
+                    #[cfg(feature = "http-proxy")]
+                    if let Some(proxy) = config
+                        .proxy_for(host)
+                        .filter(|_| !crate::mutant::active("proxy-ignored"))
+                    {
+                        o.set_proxy(proxy.rumqttc());
                     }
                     match role {
                         Role::Publisher { max_in_flight } => {

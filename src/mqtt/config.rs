@@ -70,6 +70,7 @@ impl std::str::FromStr for Protocol {
 /// | [`topic_aliases`](Self::topic_aliases) | off |
 /// | [`message_expiry`](Self::message_expiry) | on |
 /// | [`failover`](Self::failover) | none: one broker |
+/// | [`http_proxy`](Self::http_proxy) (feature `http-proxy`) | none: direct |
 ///
 /// `Debug` never shows the password.
 ///
@@ -99,12 +100,14 @@ pub struct MqttConfig {
     message_expiry: bool,
     /// More brokers, tried in turn after this one (`host`, `port`).
     failover: Vec<(String, u16)>,
+    #[cfg(feature = "http-proxy")]
+    proxy: Option<super::proxy::HttpProxy>,
 }
 
 impl fmt::Debug for MqttConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MqttConfig")
-            .field("host", &self.host)
+        let mut f = f.debug_struct("MqttConfig");
+        f.field("host", &self.host)
             .field("port", &self.port)
             .field("client_id", &self.client_id)
             .field("protocol", &self.protocol)
@@ -117,8 +120,10 @@ impl fmt::Debug for MqttConfig {
             .field("status_topic", &self.status_topic)
             .field("topic_aliases", &self.topic_aliases)
             .field("message_expiry", &self.message_expiry)
-            .field("failover", &self.failover)
-            .finish()
+            .field("failover", &self.failover);
+        #[cfg(feature = "http-proxy")]
+        f.field("proxy", &self.proxy);
+        f.finish()
     }
 }
 
@@ -142,6 +147,8 @@ impl MqttConfig {
             topic_aliases: false,
             message_expiry: true,
             failover: Vec::new(),
+            #[cfg(feature = "http-proxy")]
+            proxy: None,
         }
     }
 
@@ -173,18 +180,7 @@ impl MqttConfig {
             Some((userinfo, hostport)) => (Some(userinfo), hostport),
             None => (None, rest),
         };
-        let (host, port) = match hostport.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
-                h,
-                p.parse::<u16>()
-                    .map_err(|_| bad("port is not a number from 1 to 65535"))?,
-            ),
-            _ => (hostport, default_port),
-        };
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        if host.is_empty() || host.contains(['/', '?', '#', '@']) {
-            return Err(bad("missing or malformed host"));
-        }
+        let (host, port) = split_host_port(hostport, default_port).map_err(bad)?;
         let mut config = MqttConfig::new(host, port);
         if default_port == 8883 {
             config.tls = Some(TlsConfig::system_roots());
@@ -306,6 +302,38 @@ impl MqttConfig {
         self
     }
 
+    /// Reach the brokers through this HTTP proxy (feature `http-proxy`), by an HTTP `CONNECT`
+    /// tunnel, except those its [`no_proxy`](super::proxy::HttpProxy::no_proxy) list names. Every
+    /// session of the relay, the command session and [`subscribe`](crate::subscribe) use it;
+    /// TLS to the broker runs inside the tunnel. A proxy that refuses or drops the tunnel is a
+    /// failed connection like any other: the relay backs off, tries again, and resumes from the
+    /// oldest unacknowledged row.
+    ///
+    /// ```
+    /// use edge_outbox::{HttpProxy, MqttConfig};
+    /// let config = MqttConfig::from_url("mqtts://broker.example.com")?
+    ///     .http_proxy(HttpProxy::from_url("http://proxy.corp:3128")?);
+    /// assert_eq!(config.proxy().map(|p| p.port()), Some(3128));
+    /// # Ok::<(), edge_outbox::Error>(())
+    /// ```
+    #[cfg(feature = "http-proxy")]
+    pub fn http_proxy(mut self, proxy: super::proxy::HttpProxy) -> Self {
+        self.proxy = Some(proxy);
+        self
+    }
+
+    /// The HTTP proxy, if one is set (feature `http-proxy`).
+    #[cfg(feature = "http-proxy")]
+    pub fn proxy(&self) -> Option<&super::proxy::HttpProxy> {
+        self.proxy.as_ref()
+    }
+
+    /// The proxy a connection to broker `host` goes through, if any.
+    #[cfg(feature = "http-proxy")]
+    pub(crate) fn proxy_for(&self, host: &str) -> Option<&super::proxy::HttpProxy> {
+        self.proxy.as_ref().filter(|p| p.applies_to(host))
+    }
+
     /// Every broker, in the order they are tried: this one, then the [`failover`](Self::failover)
     /// ones.
     pub fn brokers(&self) -> impl Iterator<Item = (&str, u16)> {
@@ -416,12 +444,52 @@ impl MqttConfig {
             crate::topic::check(topic, true)
                 .map_err(|e| Error::InvalidConfig(format!("status topic: {e}")))?;
         }
+        #[cfg(feature = "http-proxy")]
+        if let Some(proxy) = &self.proxy {
+            proxy.validate()?;
+        }
         Ok(())
     }
 }
 
+/// Splits the `host[:port]` of a URL (an IPv6 address in brackets, `[::1]:1883`), with
+/// `default_port` where none is given; the error says what is wrong.
+pub(crate) fn split_host_port(
+    hostport: &str,
+    default_port: u16,
+) -> std::result::Result<(&str, u16), &'static str> {
+    let (host, port) = match hostport.strip_prefix('[') {
+        Some(rest) => {
+            let (host, after) = rest.split_once(']').ok_or("missing ] after the IPv6 address")?;
+            match after {
+                "" => (host, None),
+                _ => (
+                    host,
+                    Some(after.strip_prefix(':').ok_or("missing or malformed host")?),
+                ),
+            }
+        }
+        None => match hostport.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (hostport, None),
+        },
+    };
+    let port = match port {
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or("port is not a number from 1 to 65535")?,
+        None => default_port,
+    };
+    if host.is_empty() || host.contains(['/', '?', '#', '@', '[', ']']) {
+        return Err("missing or malformed host");
+    }
+    Ok((host, port))
+}
+
 /// `host:port`, with an IPv6 address in brackets.
-fn endpoint(host: &str, port: u16) -> String {
+pub(crate) fn endpoint(host: &str, port: u16) -> String {
     if host.contains(':') {
         format!("[{host}]:{port}")
     } else {
@@ -452,7 +520,7 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// Decodes `%XX` escapes; `None` on a malformed escape or bytes that are not UTF-8.
-fn percent_decode(s: &str) -> Option<String> {
+pub(crate) fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -493,12 +561,22 @@ mod tests {
         assert_eq!((c.host(), c.port(), c.uses_tls()), ("127.0.0.1", 1884, false));
         let c = MqttConfig::from_url("mqtts://broker.example").expect("url");
         assert_eq!((c.port(), c.uses_tls()), (8883, true));
+        for (url, host, port) in [
+            ("mqtt://[::1]", "::1", 1883),
+            ("mqtt://[fe80::2]:1884", "fe80::2", 1884),
+        ] {
+            let c = MqttConfig::from_url(url).expect(url);
+            assert_eq!((c.host(), c.port()), (host, port), "{url}");
+        }
         for bad in [
             "127.0.0.1:1883",
             "http://x:1",
             "mqtt://:1883",
             "mqtt://h:99999",
             "mqtt://h:x",
+            "mqtt://h:0",
+            "mqtt://[::1",
+            "mqtt://[::1]x",
             "mqtt://:pw@h",
             "mqtt://u:%zz@h",
         ] {

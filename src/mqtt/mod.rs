@@ -8,6 +8,8 @@ mod client;
 mod config;
 pub(crate) mod driver;
 pub(crate) mod event;
+#[cfg(feature = "http-proxy")]
+mod proxy;
 pub(crate) mod status;
 mod subscribe;
 mod tls;
@@ -16,5 +18,7 @@ pub(crate) mod tracker;
 pub(crate) use aliases::Aliases;
 pub(crate) use client::{MqttClient, Recv, Role, SessionOptions};
 pub use config::{MqttConfig, Protocol, redact_url};
+#[cfg(feature = "http-proxy")]
+pub use proxy::HttpProxy;
 pub use subscribe::subscribe;
 pub use tls::TlsConfig;

@@ -298,6 +298,7 @@ impl Relay {
             broker = %endpoints,
             protocol = %config.mqtt.version(),
             client_id = config.mqtt.id(),
+            proxy = %proxy_label(&config.mqtt),
             commands = ?config.commands,
             lock = %relay.lock.as_ref().map(|l| l.path().display().to_string()).unwrap_or_default(),
             "relay started"
@@ -434,4 +435,14 @@ fn forward(events: &Sender<Signal>, signal: Signal) -> Result<Flow> {
     } else {
         Flow::Stop
     })
+}
+
+/// The HTTP proxy the relay's sessions go through, for its start line: `host:port` or `none`.
+fn proxy_label(mqtt: &crate::MqttConfig) -> String {
+    #[cfg(feature = "http-proxy")]
+    if let Some(proxy) = mqtt.proxy() {
+        return proxy.to_string();
+    }
+    let _ = mqtt;
+    "none".into()
 }

@@ -12,6 +12,13 @@
 //! | `refuse(true)`   | unaffected (combine with `cut()`)           | accepted, then closed      |
 //! | `half_open()`    | bytes dropped both ways, client socket kept | unaffected                 |
 //!
+//! As an HTTP proxy (`Proxy::http_connect`), it enforces what a corporate proxy does before it
+//! forwards a byte: the client must open with `CONNECT host:port HTTP/1.1` naming the one target
+//! it allows (403 otherwise) and, if it requires basic authentication, carry the right
+//! `Proxy-Authorization` (407 otherwise); only then does it answer 200 and start forwarding. The
+//! target's name need not resolve anywhere: only the proxy knows where it is, so a client that
+//! does not go through the proxy cannot reach the broker at all.
+//!
 //! `half_open()` is a dead route: the client's writes succeed, nothing comes back and no FIN or
 //! RST arrives, so the client finds out only through its keep-alive (no PINGRESP). The broker side
 //! is likewise left to time out on its own keep-alive (1.5x the client's).
@@ -32,8 +39,18 @@ pub struct Proxy {
     acceptor: Option<JoinHandle<()>>,
 }
 
+/// What an HTTP CONNECT proxy requires before it opens a tunnel.
+#[derive(Clone, Debug)]
+pub struct ConnectRule {
+    /// The only `host:port` it tunnels to (to the proxy's upstream).
+    pub target: String,
+    /// Basic authentication it requires, if any.
+    pub basic_auth: Option<(String, String)>,
+}
+
 struct Shared {
     upstream: SocketAddr,
+    connect_rule: Option<ConnectRule>,
     state: Mutex<State>,
     /// Signalled on every change of `State` (commands, new connections, closed connections).
     changed: Condvar,
@@ -46,6 +63,10 @@ struct State {
     refusing: bool,
     accepted: u64,
     forwarded: u64,
+    /// HTTP CONNECT requests answered 403 (another target, or not a CONNECT) and 407 (no or
+    /// wrong credentials).
+    refused_target: u64,
+    refused_auth: u64,
     bytes_to_broker: u64,
     bytes_to_client: u64,
     next_id: u64,
@@ -79,10 +100,21 @@ enum Direction {
 impl Proxy {
     /// Listens on 127.0.0.1 (port picked at run time) and forwards to `upstream`.
     pub fn start(upstream: SocketAddr) -> io::Result<Proxy> {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        Self::listen(0, upstream, None)
+    }
+
+    /// An HTTP proxy on 127.0.0.1 that tunnels `CONNECT rule.target` to `upstream` (see the
+    /// module's docs). `port` 0 picks one; another port starts it again where a stopped one was.
+    pub fn http_connect(port: u16, upstream: SocketAddr, rule: ConnectRule) -> io::Result<Proxy> {
+        Self::listen(port, upstream, Some(rule))
+    }
+
+    fn listen(port: u16, upstream: SocketAddr, connect_rule: Option<ConnectRule>) -> io::Result<Proxy> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port))?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             upstream,
+            connect_rule,
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
         });
@@ -156,6 +188,12 @@ impl Proxy {
 
     /// TCP connections accepted so far, including refused ones and ones whose upstream connect
     /// failed.
+    /// HTTP CONNECT requests refused: (wrong target or not a CONNECT, wrong or no credentials).
+    pub fn refused_connects(&self) -> (u64, u64) {
+        let st = self.shared.lock();
+        (st.refused_target, st.refused_auth)
+    }
+
     pub fn accepted(&self) -> u64 {
         self.shared.lock().accepted
     }
@@ -303,14 +341,45 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             let _ = client.shutdown(Shutdown::Both);
             continue;
         }
+        if let Some(rule) = &shared.connect_rule {
+            match http_connect(&client, rule) {
+                Ok(Tunnel::Open) => {}
+                Ok(refused) => {
+                    let mut st = shared.lock();
+                    match refused {
+                        Tunnel::Forbidden => st.refused_target += 1,
+                        _ => st.refused_auth += 1,
+                    }
+                    drop(st);
+                    shared.changed.notify_all();
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
+                Err(_) => {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
+            }
+        }
         let upstream = match TcpStream::connect_timeout(&shared.upstream, UPSTREAM_CONNECT_TIMEOUT) {
             Ok(u) => u,
             Err(_) => {
-                // Broker down: the client sees its connection closed, as with a refused connect.
+                // Broker down: the client sees its connection closed, as with a refused connect
+                // (through an HTTP proxy, after a 502).
+                if shared.connect_rule.is_some() {
+                    let _ = (&client).write_all(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n");
+                }
                 let _ = client.shutdown(Shutdown::Both);
                 continue;
             }
         };
+        if shared.connect_rule.is_some()
+            && (&client)
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .is_err()
+        {
+            continue;
+        }
         let _ = client.set_nodelay(true);
         let _ = upstream.set_nodelay(true);
         if let Err(e) = spawn_pumps(&shared, client, upstream) {
@@ -461,4 +530,79 @@ fn close_conn(shared: &Shared, id: u64) {
         c.close();
     }
     shared.changed.notify_all();
+}
+
+enum Tunnel {
+    Open,
+    Forbidden,
+    Unauthorized,
+}
+
+/// Reads the client's request head and answers a refusal as the rule says: 403 or 407. Reads byte by byte up to the blank line, so nothing of the tunnel's own bytes is
+/// consumed here.
+fn http_connect(mut client: &TcpStream, rule: &ConnectRule) -> io::Result<Tunnel> {
+    client.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > 8192 || client.read(&mut byte)? == 0 {
+            return Ok(Tunnel::Forbidden);
+        }
+        head.push(byte[0]);
+    }
+    client.set_read_timeout(None)?;
+    let head = String::from_utf8_lossy(&head);
+    let mut lines = head.split("\r\n");
+    let request = lines.next().unwrap_or("");
+    let verdict = if request != format!("CONNECT {} HTTP/1.1", rule.target) {
+        Tunnel::Forbidden
+    } else if let Some((user, password)) = &rule.basic_auth {
+        let expected = format!("basic {}", base64(format!("{user}:{password}").as_bytes()));
+        let given = lines.find_map(|line| {
+            line.split_once(':')
+                .filter(|(name, _)| name.eq_ignore_ascii_case("proxy-authorization"))
+                .map(|(_, value)| value.trim().to_owned())
+        });
+        // The scheme's name is case-insensitive (RFC 9110), the credentials are not.
+        let matches = given.is_some_and(|g| {
+            g.len() == expected.len() && g[..6].eq_ignore_ascii_case("basic ") && g[6..] == expected[6..]
+        });
+        if matches {
+            Tunnel::Open
+        } else {
+            Tunnel::Unauthorized
+        }
+    } else {
+        Tunnel::Open
+    };
+    let answer: &[u8] = match verdict {
+        // Answered once the upstream connection stands (200) or failed (502).
+        Tunnel::Open => return Ok(verdict),
+        Tunnel::Forbidden => b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n",
+        Tunnel::Unauthorized => {
+            b"HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"proxy\"\r\nContent-Length: 0\r\n\r\n"
+        }
+    };
+    client.write_all(answer)?;
+    Ok(verdict)
+}
+
+/// Standard base64 with padding (RFC 4648), for the expected `Proxy-Authorization`.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }

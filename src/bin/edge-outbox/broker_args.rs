@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use edge_outbox::{MqttConfig, Protocol, TlsConfig};
+use edge_outbox::{HttpProxy, MqttConfig, Protocol, TlsConfig};
 
 use crate::Result;
 use crate::exit::CliError;
@@ -44,9 +44,22 @@ pub struct BrokerArgs {
     /// store, e.g. systemd's `LoadCredential` with a wrapper, or a container's secrets).
     #[arg(long, value_name = "VAR", requires = "username")]
     pub password_env: Option<String>,
+    /// Reach the broker through this HTTP proxy, by an HTTP CONNECT tunnel:
+    /// http://[USER[:PASSWORD]@]HOST[:PORT] (default port 1080). TLS to the broker runs inside
+    /// the tunnel. Prefer the config file for a proxy password: the process list is readable by
+    /// other users.
+    #[arg(long, value_name = "URL")]
+    pub proxy: Option<String>,
+    /// Brokers reached directly, not through --proxy: comma-separated host names, where a name
+    /// covers its subdomains and `*` covers every host.
+    #[arg(long, value_name = "LIST", requires = "proxy")]
+    pub no_proxy: Option<String>,
     /// The URLs came from a config file, not the process list (which other users can read).
     #[arg(skip)]
     pub urls_from_file: bool,
+    /// The proxy URL came from a config file, not the process list.
+    #[arg(skip)]
+    pub proxy_from_file: bool,
 }
 
 impl BrokerArgs {
@@ -114,6 +127,19 @@ impl BrokerArgs {
             };
             let tls = self.alpn.iter().fold(tls, |tls, p| tls.alpn(p.as_bytes()));
             mqtt = mqtt.tls(tls);
+        }
+        if let Some(url) = &self.proxy {
+            let mut proxy = HttpProxy::from_url(url).map_err(usage)?;
+            if let Some(list) = &self.no_proxy {
+                proxy = proxy.no_proxy(list);
+            }
+            if !self.proxy_from_file && has_password(url) {
+                tracing::warn!(
+                    target: "edge_outbox::cli",
+                    "the password in --proxy is visible to other local users (process list): prefer `proxy` in a config file of mode 600"
+                );
+            }
+            mqtt = mqtt.http_proxy(proxy);
         }
         if let Some(user) = &self.username {
             let password = match (&self.password_file, &self.password_env) {

@@ -43,6 +43,14 @@ pub struct RelayFile {
     pub ca: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alpn: Option<Vec<String>>,
+    #[serde(
+        default,
+        deserialize_with = "proxy_url",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub proxy: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_proxy: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -183,6 +191,14 @@ fn brokers<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Vec<St
     Ok(Some(urls))
 }
 
+/// `proxy = "URL"`, checked as `--proxy` checks it.
+fn proxy_url<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<String>, D::Error> {
+    let url = String::deserialize(d)?;
+    // The library's message shows the URL with its password replaced.
+    let _checked = edge_outbox::HttpProxy::from_url(&url).map_err(de::Error::custom)?;
+    Ok(Some(url))
+}
+
 fn mqtt_version<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<String>, D::Error> {
     let version = String::deserialize(d)?;
     version
@@ -224,12 +240,17 @@ pub fn load(path: &Path) -> Result<RelayFile> {
             e.message()
         ))
     })?;
-    let password_in_url = file.broker.iter().flatten().any(|url| has_password(url));
+    let password_in_url = file
+        .broker
+        .iter()
+        .flatten()
+        .chain(&file.proxy)
+        .any(|url| has_password(url));
     if password_in_url && readable_by_others(path) {
         tracing::warn!(
             target: "edge_outbox::cli",
             path = %path.display(),
-            "the config file holds a broker password and other users can read it: chmod 600, or use password-file"
+            "the config file holds a password (broker or proxy URL) and other users can read it: chmod 600, or use password-file"
         );
     }
     Ok(file)
@@ -283,6 +304,9 @@ pub fn merge(file: RelayFile, args: &mut RelayArgs, given: impl Fn(&str) -> bool
     take(&mut b.mqtt_version, file.mqtt_version, given("mqtt_version"));
     take(&mut b.ca, file.ca.map(Some), given("ca"));
     take(&mut b.alpn, file.alpn, given("alpn"));
+    b.proxy_from_file = file.proxy.is_some() && !given("proxy");
+    take(&mut b.proxy, file.proxy.map(Some), given("proxy"));
+    take(&mut b.no_proxy, file.no_proxy.map(Some), given("no_proxy"));
     take(&mut b.username, file.username.map(Some), given("username"));
     take(
         &mut b.password_file,
@@ -393,6 +417,8 @@ pub fn effective(args: &RelayArgs, db: &Path, busy_timeout: u64) -> RelayFile {
         mqtt_version: Some(b.mqtt_version.clone()),
         ca: b.ca.clone(),
         alpn: Some(b.alpn.clone()).filter(|a| !a.is_empty()),
+        proxy: b.proxy.as_deref().map(edge_outbox::redact_url),
+        no_proxy: b.no_proxy.clone(),
         username: b.username.clone(),
         password_file: b.password_file.clone(),
         password_env: b.password_env.clone(),
