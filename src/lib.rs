@@ -153,7 +153,7 @@ pub use error::{Error, Result, SchemaMismatch};
 #[cfg(feature = "http-proxy")]
 pub use mqtt::HttpProxy;
 pub use mqtt::status::AckLatency;
-pub use mqtt::{MqttConfig, Protocol, TlsConfig, redact_url, subscribe};
+pub use mqtt::{MqttConfig, Protocol, SasKey, TlsConfig, redact_url, subscribe};
 #[cfg(feature = "schemas")]
 pub use payload_schema::{EventSchema, Schemas};
 pub use relay::{Relay, Status};

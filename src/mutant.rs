@@ -51,6 +51,9 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // The sessions connect to the broker directly, ignoring `MqttConfig::http_proxy`: a device on
     // a network that lets nothing out but through the proxy never connects.
     ("proxy-ignored", "tests/http_proxy.rs"),
+    // A SAS key's first token is used for every connection and never renewed: Azure IoT Hub
+    // closes the connection when it expires and refuses every one after it.
+    ("sas-not-renewed", "tests/cloud_azure_sas.rs"),
     // A retried outgoing dead letter goes back in lane 0, with no lifetime, not evictable.
     ("retry-loses-settings", "tests/outbox_dead_letter_retry.rs"),
     // Receiving verifies with the handle's own keys only, not the file's: a keyless handle (the

@@ -147,6 +147,14 @@ pub struct RelayReport {
     /// When the broker last acknowledged a message, Unix milliseconds (see `Status::last_ack_at`).
     #[serde(default)]
     pub last_ack_ms: Option<i64>,
+    /// What the publishing session authenticates with: `sas-token`, `password`,
+    /// `client-certificate` (comma-separated when several), or none.
+    #[serde(default)]
+    pub credential: Option<String>,
+    /// When the current connection's credential expires, Unix milliseconds (see
+    /// `Status::credential_expires_at`).
+    #[serde(default)]
+    pub credential_expires_ms: Option<i64>,
     /// Bytes this process caused to be written to storage since it started (Linux
     /// `/proc/self/io` `write_bytes`), if known.
     #[serde(default)]
@@ -236,6 +244,7 @@ pub(crate) struct Identity {
     pub protocol: String,
     pub client_id: String,
     pub commands: Option<String>,
+    pub credential: Option<String>,
 }
 
 /// The report from a snapshot of the relay's status.
@@ -284,6 +293,8 @@ pub(crate) fn report(id: &Identity, s: &crate::Status, wal_syncs: u64) -> RelayR
         database_steps: s.database_steps,
         disconnected_since_ms: s.disconnected_since.map(unix_ms),
         last_ack_ms: s.last_ack_at.map(unix_ms),
+        credential: id.credential.clone(),
+        credential_expires_ms: s.credential_expires_at.map(unix_ms),
         process_write_bytes: process_write_bytes(),
     }
 }

@@ -56,6 +56,8 @@ fn a_file_says_what_each_documented_set_of_options_says() -> TestResult {
     let pki = Pki::generate(&d.join("pki"), "config")?;
     let password = write(d, "mqtt-password", "s3cret\n")?;
     let empty = write(d, "empty.toml", "")?;
+    let sas_key = write(d, "sas-key", "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n")?;
+    let sas_key = sas_key.to_string_lossy().into_owned();
     let db = d.join("outbox.db");
     let (db, ca, cert, key, password) = (
         db.to_string_lossy().into_owned(),
@@ -143,6 +145,27 @@ fn a_file_says_what_each_documented_set_of_options_says() -> TestResult {
                 "db = {db:?}\nclient-id = \"pump-17\"\n\
                  broker = \"mqtts://a1b2c3d4e5f6g7-ats.iot.eu-west-1.amazonaws.com:443\"\n\
                  alpn = [\"x-amzn-mqtt-ca\"]\nca = {ca:?}\ncert = {cert:?}\nkey = {key:?}\n"
+            ),
+        ),
+        (
+            // "Connecting to Azure IoT Hub": a SAS key, tokens renewed.
+            vec![
+                "--db",
+                &db,
+                "--client-id",
+                "pump-17",
+                "--broker",
+                "mqtts://my-hub.azure-devices.net:8883",
+                "--mqtt-version",
+                "3.1.1",
+                "--sas-key-file",
+                &sas_key,
+                "--sas-lifetime",
+                "600",
+            ],
+            format!(
+                "db = {db:?}\nclient-id = \"pump-17\"\nbroker = \"mqtts://my-hub.azure-devices.net:8883\"\n\
+                 mqtt-version = \"3.1.1\"\nsas-key-file = {sas_key:?}\nsas-lifetime = 600\n"
             ),
         ),
         (

@@ -48,7 +48,8 @@ pub fn send_command(mqtt: &MqttConfig, topic: &str, command: &Envelope<'_>, time
     // The same client options the relay uses (protocol, TLS, credentials), as a one-shot
     // publisher with a clean session.
     let options = SessionOptions::new(mqtt, mqtt.id(), Role::Publisher { max_in_flight: 1 })?;
-    let (client, mut connection) = options.open(0);
+    let opened = options.open(0);
+    let (client, mut connection) = (opened.client, opened.connection);
     client
         .try_publish(topic, QoS::AtLeastOnce, false, bytes, None, None)
         .map_err(|_| failed(std::io::ErrorKind::Other, "could not queue the publish".into()))?;

@@ -187,7 +187,9 @@ impl CommandSession {
                     }
                     client = None;
                     status.set_commands_connected(false);
-                    status.set_error(Source::Commands, format!("command session: {cause}"));
+                    if cause.kind != crate::mqtt::event::CauseKind::Renew {
+                        status.set_error(Source::Commands, format!("command session: {cause}"));
+                    }
                 }
             }
             Ok(Flow::Continue)

@@ -1,7 +1,7 @@
 //! The two rumqttc clients (MQTT 3.1.1 and 5) behind one small interface: build a fresh client
 //! and connection for each connection attempt, publish, subscribe, acknowledge, disconnect.
 
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5 as v5p;
@@ -9,6 +9,7 @@ use rumqttc::{QoS, TlsConfiguration, Transport};
 
 use super::config::{MqttConfig, Protocol};
 use super::event::{self, Cause, Delivery, RawPublish, Step};
+use super::sas::SasKey;
 use crate::error::{Error, Result};
 
 /// rumqttc's MQTT 5 client asserts a keep-alive of at least 5 s.
@@ -36,6 +37,16 @@ impl Role {
     }
 }
 
+/// A new client and connection, and what its credentials allow.
+pub(crate) struct Opened {
+    pub client: MqttClient,
+    pub connection: Connection,
+    /// When to replace the connection, its token about to expire.
+    pub renew: Option<Instant>,
+    /// When its token expires.
+    pub expires: Option<SystemTime>,
+}
+
 /// Validated rumqttc options for one session, cloned into a new client for each connection.
 #[derive(Clone)]
 pub(crate) struct SessionOptions {
@@ -47,6 +58,9 @@ pub(crate) struct SessionOptions {
     connect_secs: u64,
     /// The command session: TCP_NODELAY for its acks.
     commands: bool,
+    /// Credentials made for each connection (Azure IoT Hub's SAS tokens), with the client id
+    /// and each broker's host they are signed for.
+    sas: Option<(SasKey, String, Vec<String>)>,
 }
 
 #[derive(Clone)]
@@ -191,6 +205,10 @@ impl SessionOptions {
             request_capacity,
             connect_secs,
             commands: matches!(role, Role::Commands { .. }),
+            sas: config.sas().map(|key| {
+                let hosts = config.brokers().map(|(host, _)| host.to_owned()).collect();
+                (key.clone(), client_id.to_owned(), hosts)
+            }),
         })
     }
 
@@ -222,13 +240,39 @@ impl SessionOptions {
     /// A new client and connection: nothing of an earlier connection's state survives, in
     /// particular not a packet-id collision (rumqttc keeps it across reconnects, which stops
     /// publishing for good: docs/reliability.md, "The collision wedge").
-    /// `at` picks the broker (wrapping around the list).
-    pub(crate) fn open(&self, at: usize) -> (MqttClient, Connection) {
+    /// `at` picks the broker (wrapping around the list). With a SAS key, the connection gets a
+    /// new token, and the instant by which it must be replaced comes with it.
+    pub(crate) fn open(&self, at: usize) -> Opened {
         // `new` built one set of options per broker, and a config has at least one.
-        let options = &self.options[at % self.options.len().max(1)];
-        match options {
+        let at = at % self.options.len().max(1);
+        let mut options = self.options[at].clone();
+        let mut renew = None;
+        let mut expires = None;
+        if let Some((key, client_id, hosts)) = &self.sas {
+            let host = hosts.get(at).map_or("", String::as_str);
+            let now = SystemTime::now();
+            let signed = key.sign(host, client_id, now);
+            expires = Some(signed.expires);
+            if !crate::mutant::active("sas-not-renewed") {
+                renew = Some(Instant::now() + signed.renew.duration_since(now).unwrap_or_default());
+            }
+            let password = match crate::mutant::active("sas-not-renewed") {
+                // The token the first connection got, for every connection after it.
+                true => first_token(&signed.password),
+                false => signed.password,
+            };
+            match &mut options {
+                Options::V4(o) => {
+                    o.set_credentials(signed.username, password);
+                }
+                Options::V5(o) => {
+                    o.set_credentials(signed.username, password);
+                }
+            }
+        }
+        let (client, connection) = match options {
             Options::V4(o) => {
-                let (client, mut connection) = rumqttc::Client::new((**o).clone(), self.request_capacity);
+                let (client, mut connection) = rumqttc::Client::new(*o, self.request_capacity);
                 // 3.1.1 keeps the connect timeout with the event loop, not the options.
                 let mut net = connection.eventloop.network_options();
                 net.set_connection_timeout(self.connect_secs);
@@ -239,11 +283,23 @@ impl SessionOptions {
                 (MqttClient::V4(client), Connection::V4(Box::new(connection)))
             }
             Options::V5(o) => {
-                let (client, connection) = rumqttc::v5::Client::new((**o).clone(), self.request_capacity);
+                let (client, connection) = rumqttc::v5::Client::new(*o, self.request_capacity);
                 (MqttClient::V5(client), Connection::V5(Box::new(connection)))
             }
+        };
+        Opened {
+            client,
+            connection,
+            renew,
+            expires,
         }
     }
+}
+
+/// Mutant `sas-not-renewed`: the first token made in this process, kept for good.
+fn first_token(token: &str) -> String {
+    static FIRST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    FIRST.get_or_init(|| token.to_owned()).clone()
 }
 
 fn v5_qos(qos: QoS) -> rumqttc::v5::mqttbytes::QoS {

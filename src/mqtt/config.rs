@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::sas::SasKey;
 use super::tls::TlsConfig;
 use crate::error::{Error, Result};
 
@@ -65,6 +66,7 @@ impl std::str::FromStr for Protocol {
 /// | [`connect_timeout`](Self::connect_timeout) | 10 s |
 /// | [`max_packet_size`](Self::max_packet_size) | 256 KiB |
 /// | [`credentials`](Self::credentials) | none |
+/// | [`azure_sas`](Self::azure_sas) | none |
 /// | [`tls`](Self::tls) | none: plain TCP |
 /// | [`status_topic`](Self::status_topic) | none |
 /// | [`topic_aliases`](Self::topic_aliases) | off |
@@ -102,6 +104,7 @@ pub struct MqttConfig {
     failover: Vec<(String, u16)>,
     #[cfg(feature = "http-proxy")]
     proxy: Option<super::proxy::HttpProxy>,
+    sas: Option<SasKey>,
 }
 
 impl fmt::Debug for MqttConfig {
@@ -120,7 +123,8 @@ impl fmt::Debug for MqttConfig {
             .field("status_topic", &self.status_topic)
             .field("topic_aliases", &self.topic_aliases)
             .field("message_expiry", &self.message_expiry)
-            .field("failover", &self.failover);
+            .field("failover", &self.failover)
+            .field("sas", &self.sas);
         #[cfg(feature = "http-proxy")]
         f.field("proxy", &self.proxy);
         f.finish()
@@ -149,6 +153,7 @@ impl MqttConfig {
             failover: Vec::new(),
             #[cfg(feature = "http-proxy")]
             proxy: None,
+            sas: None,
         }
     }
 
@@ -239,6 +244,20 @@ impl MqttConfig {
     pub fn credentials(mut self, username: impl Into<String>, password: impl Into<String>) -> Self {
         self.credentials = Some((username.into(), password.into()));
         self
+    }
+
+    /// Authenticate to Azure IoT Hub with the device's symmetric key: the username IoT Hub
+    /// expects and a fresh SAS token for every connection, each connection replaced by a new one
+    /// before its token expires ([`SasKey`]). The client id must be the device id. Instead of
+    /// [`credentials`](Self::credentials), not with them.
+    pub fn azure_sas(mut self, key: SasKey) -> Self {
+        self.sas = Some(key);
+        self
+    }
+
+    /// The SAS key, if one is set.
+    pub fn sas(&self) -> Option<&SasKey> {
+        self.sas.as_ref()
     }
 
     /// Connect over TLS. Plain TCP is never used when TLS is configured.
@@ -401,6 +420,23 @@ impl MqttConfig {
         self.brokers().map(|(h, p)| endpoint(h, p)).collect()
     }
 
+    /// What the sessions authenticate with, for status: `sas-token`, `password`,
+    /// `client-certificate`, comma-separated when several; `None` when nothing.
+    pub(crate) fn credential_kind(&self) -> Option<String> {
+        let kinds: Vec<&str> = [
+            (self.sas.is_some(), "sas-token"),
+            (self.credentials.is_some(), "password"),
+            (
+                self.tls.as_ref().is_some_and(TlsConfig::has_client_auth),
+                "client-certificate",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(on, kind)| on.then_some(kind))
+        .collect();
+        (!kinds.is_empty()).then(|| kinds.join(", "))
+    }
+
     pub(crate) fn keep_alive_value(&self) -> Duration {
         self.keep_alive
     }
@@ -447,6 +483,14 @@ impl MqttConfig {
         #[cfg(feature = "http-proxy")]
         if let Some(proxy) = &self.proxy {
             proxy.validate()?;
+        }
+        if let Some(sas) = &self.sas {
+            if self.credentials.is_some() {
+                return Err(Error::InvalidConfig(
+                    "a username and password and a SAS key: give one of them (the SAS key makes both)".into(),
+                ));
+            }
+            sas.validate()?;
         }
         Ok(())
     }

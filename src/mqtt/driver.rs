@@ -12,13 +12,13 @@
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 
 use super::backoff::Backoff;
-use super::client::{Connection, MqttClient, Recv, SessionOptions};
-use super::event::{Cause, Event, Granted, Step, SubResult, protocol_note};
+use super::client::{Connection, MqttClient, Opened, Recv, SessionOptions};
+use super::event::{Cause, CauseKind, Event, Granted, Step, SubResult, protocol_note};
 use crate::error::Result;
 
 /// What the driver hands to the session logic, in order.
@@ -37,6 +37,15 @@ pub(crate) struct Link {
     pub granted: Granted,
     /// `host:port` of the broker this connection is to.
     pub endpoint: String,
+    /// When the credential this connection authenticated with expires (a SAS token).
+    pub credential_expires: Option<SystemTime>,
+}
+
+/// What a connection's credentials allow: when to replace it, and when its token expires.
+#[derive(Clone, Copy)]
+struct Credentials {
+    renew: Option<Instant>,
+    expires: Option<SystemTime>,
 }
 
 /// How often a quiet, connected session checks for a reconnect request while one may come (see
@@ -138,6 +147,8 @@ enum End {
         connected: bool,
         healthy: bool,
     },
+    /// The connection's credentials expire soon: replace it now, with fresh ones.
+    Renew(Cause),
 }
 
 impl Driver<'_> {
@@ -150,17 +161,39 @@ impl Driver<'_> {
             if self.stop.try_recv() != Err(TryRecvError::Empty) {
                 return Ok(());
             }
-            let (client, mut connection) = self.options.open(at);
+            let Opened {
+                client,
+                mut connection,
+                renew,
+                expires,
+            } = self.options.open(at);
             if !self.handle.install(&client) {
                 return Ok(());
             }
-            let end = self.connection(at, &client, &mut connection, &mut log, &mut on_signal);
+            let credentials = Credentials { renew, expires };
+            let end = self.connection(
+                at,
+                &client,
+                &mut connection,
+                credentials,
+                &mut log,
+                &mut on_signal,
+            );
             self.handle.clear();
             match end? {
                 End::Done => return Ok(()),
                 End::Stop => {
                     disconnect_cleanly(&client, &mut connection);
                     return Ok(());
+                }
+                End::Renew(cause) => {
+                    // A planned replacement: same broker, no backoff, nothing counted as failed.
+                    disconnect_cleanly(&client, &mut connection);
+                    drop((client, connection));
+                    tracing::info!(session = self.name, broker = %self.options.endpoint(at), "{cause}");
+                    if on_signal(Signal::Disconnected(cause))? == Flow::Stop {
+                        return Ok(());
+                    }
                 }
                 End::Failed {
                     cause,
@@ -191,12 +224,14 @@ impl Driver<'_> {
         at: usize,
         client: &MqttClient,
         connection: &mut Connection,
+        credentials: Credentials,
         log: &mut ConnectionLog,
         on_signal: &mut impl FnMut(Signal) -> Result<Flow>,
     ) -> Result<End> {
         let mut connected_at: Option<Instant> = None;
         let mut keep_alive = self.options.keep_alive();
         let mut healthy = false;
+        let renew = credentials.renew;
         loop {
             let connected = connected_at.is_some();
             // Once connected, wake up now and then to act on a reconnect request even when the
@@ -216,8 +251,20 @@ impl Driver<'_> {
                             .max(REQUEST_CHECK),
                     );
                 }
+                if let Some(renew) = renew {
+                    wait = wait.min(renew.saturating_duration_since(Instant::now()));
+                }
                 wait
             });
+            if connected && renew.is_some_and(|at| Instant::now() >= at) {
+                if deliver_buffered(connection, on_signal)? == Flow::Stop {
+                    return Ok(End::Stop);
+                }
+                return Ok(End::Renew(Cause::new(
+                    CauseKind::Renew,
+                    "renewing the connection's credentials before they expire",
+                )));
+            }
             let step = match connection.recv(connected, wait) {
                 // Every client handle was dropped: cannot happen while `client` lives.
                 Recv::Closed => return Ok(End::Done),
@@ -246,6 +293,7 @@ impl Driver<'_> {
                         client: client.clone(),
                         granted,
                         endpoint: self.options.endpoint(at).to_owned(),
+                        credential_expires: credentials.expires,
                     }))?
                 }
                 Step::Event(event) => {

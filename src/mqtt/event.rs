@@ -202,6 +202,8 @@ pub(crate) enum CauseKind {
     /// This side ended it to publish again later (quota exceeded), or to get out of a state
     /// rumqttc cannot leave on its own: not the message's fault.
     Retry,
+    /// This side replaced it, healthy, because its credentials expire soon: planned, no error.
+    Renew,
 }
 
 impl Cause {

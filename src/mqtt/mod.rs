@@ -10,6 +10,7 @@ pub(crate) mod driver;
 pub(crate) mod event;
 #[cfg(feature = "http-proxy")]
 mod proxy;
+mod sas;
 pub(crate) mod status;
 mod subscribe;
 mod tls;
@@ -20,5 +21,6 @@ pub(crate) use client::{MqttClient, Recv, Role, SessionOptions};
 pub use config::{MqttConfig, Protocol, redact_url};
 #[cfg(feature = "http-proxy")]
 pub use proxy::HttpProxy;
+pub use sas::SasKey;
 pub use subscribe::subscribe;
 pub use tls::TlsConfig;

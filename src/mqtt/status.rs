@@ -102,6 +102,10 @@ pub struct Status {
     /// When the broker last acknowledged a message; `None` before the first PUBACK. Messages
     /// pending and a last PUBACK long ago means publishing is stuck, connected or not.
     pub last_ack_at: Option<SystemTime>,
+    /// When the credential of the publishing session's current (or last) connection expires: its
+    /// SAS token ([`MqttConfig::azure_sas`](crate::MqttConfig::azure_sas)); `None` for credentials
+    /// that do not expire. The relay replaces the connection before then.
+    pub credential_expires_at: Option<SystemTime>,
     /// SQLite virtual-machine steps the publishing side ran since start (the publisher's reads,
     /// claims, gap notices and cleanup, and the marker's marks), counted by SQLite itself. Their
     /// work: per published message it stays flat however long the backlog, so a figure that grows
@@ -187,6 +191,8 @@ pub(crate) struct StatusCell {
     disconnected_since_ms: AtomicU64,
     /// Unix ms of the last accepted PUBACK; 0: none yet.
     last_ack_ms: AtomicU64,
+    /// Unix ms when the current connection's credential expires; 0: it does not.
+    credential_expires_ms: AtomicU64,
     /// [`monotonic_ms`] of the publishing thread's last pass through its loop; 0: none yet.
     publisher_beat_ms: AtomicU64,
     /// Something changed since the reporter last looked (see [`StatusCell::changes`]).
@@ -333,6 +339,14 @@ impl StatusCell {
         self.touch();
     }
 
+    /// The publishing session replaces its connection to renew its credentials: not connected
+    /// for a moment, but no outage and no error.
+    pub(crate) fn on_renewing(&self) {
+        self.connected.store(false, Relaxed);
+        self.in_flight.store(0, Relaxed);
+        self.touch();
+    }
+
     pub(crate) fn set_connected(&self, connected: bool) {
         self.connected.store(connected, Relaxed);
         if connected {
@@ -414,6 +428,15 @@ impl StatusCell {
     pub(crate) fn on_gap_announced(&self, messages: i64) {
         self.gaps_announced
             .fetch_add(u64::try_from(messages).unwrap_or(0), Relaxed);
+    }
+
+    /// When the publishing session's new connection's credential expires.
+    pub(crate) fn set_credential_expires(&self, at: Option<SystemTime>) {
+        let ms = at
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1));
+        self.credential_expires_ms.store(ms, Relaxed);
+        self.touch();
     }
 
     /// The broker the publishing session now connects to.
@@ -563,6 +586,7 @@ impl StatusCell {
             },
             disconnected_since: from_unix_ms(self.disconnected_since_ms.load(Relaxed)),
             last_ack_at: from_unix_ms(self.last_ack_ms.load(Relaxed)),
+            credential_expires_at: from_unix_ms(self.credential_expires_ms.load(Relaxed)),
             database_steps: self.database_steps.load(Relaxed),
             wal_syncs: self.wal_syncs(),
             publisher_heartbeat_age: match self.publisher_beat_ms.load(Relaxed) {

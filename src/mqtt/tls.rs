@@ -87,6 +87,11 @@ impl TlsConfig {
         self
     }
 
+    /// Whether a client certificate is presented (mutual TLS).
+    pub(crate) fn has_client_auth(&self) -> bool {
+        self.client_auth.is_some()
+    }
+
     /// A rustls configuration with the ring provider passed explicitly, so nothing depends on a
     /// process-wide default provider being installed.
     pub(crate) fn client_config(&self) -> Result<Arc<rustls::ClientConfig>> {

@@ -344,7 +344,11 @@ impl Publisher {
             Signal::Disconnected(cause) => {
                 d.core.on_disconnected(&cause, Instant::now());
                 d.client = None;
-                self.status.on_disconnected(cause.text);
+                if cause.kind == crate::mqtt::event::CauseKind::Renew {
+                    self.status.on_renewing();
+                } else {
+                    self.status.on_disconnected(cause.text);
+                }
                 self.drive(d);
             }
         }
@@ -354,6 +358,7 @@ impl Publisher {
         d.core.on_connected(&link.granted);
         self.status.on_connected(&link.granted);
         self.status.set_broker(&link.endpoint);
+        self.status.set_credential_expires(link.credential_expires);
         if let Some(topic) = self.config.mqtt.status() {
             // QoS 0 reports packet id 0, which the tracker ignores: it is not a row.
             let _ = link

@@ -247,6 +247,7 @@ impl Relay {
                     protocol: config.mqtt.version().as_str().to_owned(),
                     client_id: config.mqtt.id().to_owned(),
                     commands: config.commands.clone(),
+                    credential: config.mqtt.credential_kind(),
                 },
                 status: status.clone(),
                 status_file: config.status_file,
@@ -299,6 +300,7 @@ impl Relay {
             protocol = %config.mqtt.version(),
             client_id = config.mqtt.id(),
             proxy = %proxy_label(&config.mqtt),
+            credential = config.mqtt.credential_kind().as_deref().unwrap_or("none"),
             commands = ?config.commands,
             lock = %relay.lock.as_ref().map(|l| l.path().display().to_string()).unwrap_or_default(),
             "relay started"

@@ -2,6 +2,8 @@
 //!
 //! - [`alpn_front`]: a TLS front that serves only clients offering its ALPN protocol (AWS IoT
 //!   Core on port 443).
+//! - [`azure_sas`]: Azure IoT Hub's rules for a device with a symmetric key: the username form, the
+//!   SAS token's signature and expiry, one connection per device id.
 //! - [`broker`]: a real MQTT broker process on 127.0.0.1 with a port picked at run time (mosquitto
 //!   when it is installed or asked for, rumqttd otherwise; `EDGE_OUTBOX_BROKER` chooses).
 //! - [`child`]: child processes killed when their test ends, fails or panics, and this test
@@ -22,6 +24,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod alpn_front;
+pub mod azure_sas;
 pub mod broker;
 pub mod check;
 pub mod child;

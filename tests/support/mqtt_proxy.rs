@@ -23,6 +23,7 @@
 //! | `swallow_publish(pred)` | a client PUBLISH matching `pred` is dropped, the connection kept: it is never acknowledged |
 //! | `drop_after(trigger, after, repeat)` | a connection is closed `after` its `trigger` happened (once, or on every connection) |
 //! | `cut()` | every current connection is closed |
+//! | `authenticate(check)` | every CONNECT is shown to `check` first: a refusal is answered with a CONNACK "not authorized" and the connection closed; an accepted credential that expires has its connection closed at that moment, as a cloud broker does |
 //!
 //! Counters (`connections`, `connacks`, `publishes`, `pubacks_forwarded`) and waits on them let a
 //! test see what the client did without sleeping. Std threads only: an accept thread, two pumps
@@ -72,6 +73,19 @@ pub enum Repeat {
 
 type Predicate = Arc<dyn Fn(&Publish) -> bool + Send + Sync>;
 
+/// What a client's CONNECT says about who it is.
+#[derive(Debug, Clone, Default)]
+pub struct Connect {
+    pub client_id: String,
+    pub username: Option<String>,
+    pub password: Option<Vec<u8>>,
+}
+
+/// `authenticate`'s verdict: refused (with why, for the test's log), or accepted until the
+/// credential expires (`None`: it does not).
+pub type AuthResult = Result<Option<std::time::SystemTime>, String>;
+type Authenticator = Arc<dyn Fn(&Connect) -> AuthResult + Send + Sync>;
+
 pub struct MqttProxy {
     addr: SocketAddr,
     shared: Arc<Shared>,
@@ -99,7 +113,11 @@ struct State {
     close_on: Option<Predicate>,
     swallow: Option<Predicate>,
     drop_rule: Option<(Trigger, Duration, Repeat)>,
+    authenticator: Option<Authenticator>,
     // Counters.
+    auth_accepted: u64,
+    auth_refused: Vec<String>,
+    expired_closes: u64,
     connections: u64,
     connacks: u64,
     publishes: u64,
@@ -156,6 +174,26 @@ impl MqttProxy {
     /// Where clients connect.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Shows every CONNECT to `check` before it reaches the broker (see the module's table).
+    pub fn authenticate(&self, check: impl Fn(&Connect) -> AuthResult + Send + Sync + 'static) {
+        self.shared.update(|st| st.authenticator = Some(Arc::new(check)));
+    }
+
+    /// CONNECTs `authenticate` accepted.
+    pub fn auth_accepted(&self) -> u64 {
+        self.shared.lock().auth_accepted
+    }
+
+    /// Why each refused CONNECT was refused, in order.
+    pub fn auth_refused(&self) -> Vec<String> {
+        self.shared.lock().auth_refused.clone()
+    }
+
+    /// Connections closed because their credential expired.
+    pub fn expired_closes(&self) -> u64 {
+        self.shared.lock().expired_closes
     }
 
     /// Holds back the next `n` PUBACKs sent to clients (in addition to any still to hold).
@@ -572,7 +610,7 @@ enum Up {
     Close,
 }
 
-fn pump_up(shared: &Shared, id: u64, mut from: TcpStream, mut to: TcpStream) {
+fn pump_up(shared: &Arc<Shared>, id: u64, mut from: TcpStream, mut to: TcpStream) {
     let mut framer = Framer::default();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -589,10 +627,43 @@ fn pump_up(shared: &Shared, id: u64, mut from: TcpStream, mut to: TcpStream) {
                 let level = st.conns.get(&id).map_or(4, |c| c.level);
                 match kind {
                     1 => {
+                        let level = protocol_level(&packet);
                         if let Some(c) = st.conns.get_mut(&id) {
-                            c.level = protocol_level(&packet);
+                            c.level = level;
                         }
-                        Up::Forward
+                        match st.authenticator.clone() {
+                            None => Up::Forward,
+                            Some(check) => {
+                                drop(st);
+                                let verdict = check(&parse_connect(&packet).unwrap_or_default());
+                                let mut st = shared.lock();
+                                match verdict {
+                                    Ok(expires) => {
+                                        st.auth_accepted += 1;
+                                        drop(st);
+                                        if let Some(at) = expires {
+                                            close_at_expiry(shared, id, at);
+                                        }
+                                        Up::Forward
+                                    }
+                                    Err(why) => {
+                                        st.auth_refused.push(why);
+                                        let client = st.conns.get(&id).map(|c| c.client.clone());
+                                        drop(st);
+                                        // CONNACK "not authorized": 3.1.1's return code 5, MQTT 5's 0x87.
+                                        let connack: &[u8] = if level == 5 {
+                                            &[0x20, 0x03, 0x00, 0x87, 0x00]
+                                        } else {
+                                            &[0x20, 0x02, 0x00, 0x05]
+                                        };
+                                        if let Some(client) = client {
+                                            let _ = lock(&client).write_all(connack);
+                                        }
+                                        Up::Close
+                                    }
+                                }
+                            }
+                        }
                     }
                     3 => {
                         st.publishes += 1;
@@ -710,6 +781,82 @@ fn pump_down(shared: &Arc<Shared>, id: u64, mut from: TcpStream, client: &Mutex<
         }
     }
     close_conn(shared, id);
+}
+
+/// The fields of a CONNECT that say who the client is (3.1.1 and 5).
+fn parse_connect(packet: &[u8]) -> Option<Connect> {
+    let b = body(packet);
+    let name_len = usize::from(u16_at(b, 0)?);
+    let mut at = 2 + name_len;
+    let level = *b.get(at)?;
+    let flags = *b.get(at + 1)?;
+    at += 4;
+    if level == 5 {
+        let (len, used) = varint_at(b, at)?;
+        at += used + len;
+    }
+    let string = |at: &mut usize| -> Option<Vec<u8>> {
+        let len = usize::from(u16_at(b, *at)?);
+        let bytes = b.get(*at + 2..*at + 2 + len)?.to_vec();
+        *at += 2 + len;
+        Some(bytes)
+    };
+    let client_id = String::from_utf8(string(&mut at)?).ok()?;
+    if flags & 0x04 != 0 {
+        if level == 5 {
+            let (len, used) = varint_at(b, at)?;
+            at += used + len;
+        }
+        string(&mut at)?;
+        string(&mut at)?;
+    }
+    let username = match flags & 0x80 {
+        0 => None,
+        _ => Some(String::from_utf8(string(&mut at)?).ok()?),
+    };
+    let password = match flags & 0x40 {
+        0 => None,
+        _ => Some(string(&mut at)?),
+    };
+    Some(Connect {
+        client_id,
+        username,
+        password,
+    })
+}
+
+/// Closes connection `id` when its credential expires at `at`, counting it.
+fn close_at_expiry(shared: &Arc<Shared>, id: u64, at: std::time::SystemTime) {
+    let s = shared.clone();
+    let spawned = thread::Builder::new()
+        .name(format!("mqtt-proxy-{id}-expiry"))
+        .spawn(move || {
+            let after = at
+                .duration_since(std::time::SystemTime::now())
+                .unwrap_or_default();
+            let deadline = Instant::now() + after;
+            let mut st = s.lock();
+            while !st.shutdown && st.conns.contains_key(&id) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                st = s
+                    .changed
+                    .wait_timeout(st, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            let expired = st.conns.get_mut(&id).filter(|c| !c.closed).map(Conn::close);
+            if expired.is_some() {
+                st.expired_closes += 1;
+            }
+            drop(st);
+            s.changed.notify_all();
+        });
+    if let Ok(t) = spawned {
+        shared.lock().threads.push(t);
+    }
 }
 
 fn schedule_drop(shared: &Arc<Shared>, id: u64, event: Trigger) {

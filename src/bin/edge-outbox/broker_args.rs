@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use edge_outbox::{HttpProxy, MqttConfig, Protocol, TlsConfig};
+use edge_outbox::{HttpProxy, MqttConfig, Protocol, SasKey, TlsConfig};
 
 use crate::Result;
 use crate::exit::CliError;
@@ -54,6 +54,14 @@ pub struct BrokerArgs {
     /// covers its subdomains and `*` covers every host.
     #[arg(long, value_name = "LIST", requires = "proxy")]
     pub no_proxy: Option<String>,
+    /// Azure IoT Hub: the device's symmetric key (base64, the file's first line). The relay then
+    /// makes the username IoT Hub expects and a new SAS token for every connection, and replaces
+    /// each connection before its token expires. The client id must be the device id.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["username", "password_file", "password_env"])]
+    pub sas_key_file: Option<PathBuf>,
+    /// How long each SAS token is valid, in seconds (at least 2).
+    #[arg(long, value_name = "SECS", default_value_t = 3600, requires = "sas_key_file")]
+    pub sas_lifetime: u64,
     /// The URLs came from a config file, not the process list (which other users can read).
     #[arg(skip)]
     pub urls_from_file: bool,
@@ -140,6 +148,17 @@ impl BrokerArgs {
                 );
             }
             mqtt = mqtt.http_proxy(proxy);
+        }
+        if let Some(file) = &self.sas_key_file {
+            if mqtt.username().is_some() || self.username.is_some() {
+                return Err(CliError::usage(
+                    "a SAS key and a username: the SAS key makes the username and password, give one of them",
+                ));
+            }
+            let key = SasKey::from_file(file)
+                .map_err(usage)?
+                .lifetime(std::time::Duration::from_secs(self.sas_lifetime));
+            mqtt = mqtt.azure_sas(key);
         }
         if let Some(user) = &self.username {
             let password = match (&self.password_file, &self.password_env) {

@@ -52,6 +52,14 @@ pub struct RelayFile {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub no_proxy: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub sas_key_file: Option<PathBuf>,
+    #[serde(
+        default,
+        deserialize_with = "at_least_one",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub sas_lifetime: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub password_file: Option<PathBuf>,
@@ -307,6 +315,12 @@ pub fn merge(file: RelayFile, args: &mut RelayArgs, given: impl Fn(&str) -> bool
     b.proxy_from_file = file.proxy.is_some() && !given("proxy");
     take(&mut b.proxy, file.proxy.map(Some), given("proxy"));
     take(&mut b.no_proxy, file.no_proxy.map(Some), given("no_proxy"));
+    take(
+        &mut b.sas_key_file,
+        file.sas_key_file.map(Some),
+        given("sas_key_file"),
+    );
+    take(&mut b.sas_lifetime, file.sas_lifetime, given("sas_lifetime"));
     take(&mut b.username, file.username.map(Some), given("username"));
     take(
         &mut b.password_file,
@@ -419,6 +433,8 @@ pub fn effective(args: &RelayArgs, db: &Path, busy_timeout: u64) -> RelayFile {
         alpn: Some(b.alpn.clone()).filter(|a| !a.is_empty()),
         proxy: b.proxy.as_deref().map(edge_outbox::redact_url),
         no_proxy: b.no_proxy.clone(),
+        sas_key_file: b.sas_key_file.clone(),
+        sas_lifetime: b.sas_key_file.as_ref().map(|_| b.sas_lifetime),
         username: b.username.clone(),
         password_file: b.password_file.clone(),
         password_env: b.password_env.clone(),

@@ -312,6 +312,12 @@ fn relay_lines(relay: &Relay) -> Vec<String> {
         ),
     ];
     lines.push(format!("              {}", lag_line(r)));
+    if let Some(kind) = &r.credential {
+        let expires = r.credential_expires_ms.map_or(String::new(), |at| {
+            format!(", the current one expires {} (renewed before then)", clock(at))
+        });
+        lines.push(format!("              authenticates with: {kind}{expires}"));
+    }
     if let Some(filter) = &r.commands {
         lines.push(format!(
             "              commands on {filter}: {}, {} received, {} duplicates, {} malformed, \

@@ -147,7 +147,7 @@ impl Core {
         };
         if matches!(
             cause.kind,
-            CauseKind::Connect | CauseKind::Broker | CauseKind::Retry
+            CauseKind::Connect | CauseKind::Broker | CauseKind::Retry | CauseKind::Renew
         ) {
             // Not the messages' doing: no strike, and no need to narrow the window.
             return;
