@@ -54,6 +54,9 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // A SAS key's first token is used for every connection and never renewed: Azure IoT Hub
     // closes the connection when it expires and refuses every one after it.
     ("sas-not-renewed", "tests/cloud_azure_sas.rs"),
+    // Certificate, key, CA and password files are read once, when the settings are made: a
+    // rotated credential is never used until a restart.
+    ("credential-files-read-once", "tests/credentials_rotate.rs"),
     // A retried outgoing dead letter goes back in lane 0, with no lifetime, not evictable.
     ("retry-loses-settings", "tests/outbox_dead_letter_retry.rs"),
     // Receiving verifies with the handle's own keys only, not the file's: a keyless handle (the

@@ -173,8 +173,11 @@ fn sighup_applies_a_rotated_password_and_new_pacing_and_loses_nothing() -> TestR
         sub.wait_subscribed(2, WAIT),
         "the cloud's subscriber did not subscribe again"
     );
-    write(&password, "two\n")?;
-    write(&file, &config(&db, &broker, &password, 500))?;
+    // The new password in a new file the config now names: a password rewritten in place is
+    // read at the next connection without any reload, but a changed path takes the reload.
+    let rotated = dir.path().join("mqtt-password-2");
+    write(&rotated, "two\n")?;
+    write(&file, &config(&db, &broker, &rotated, 500))?;
     signal(pid, "HUP")?;
     committed.extend(commit_orders(&outbox, &["a", "b", "c"], 30, 0));
     assert_eq!(

@@ -48,7 +48,9 @@ pub fn send_command(mqtt: &MqttConfig, topic: &str, command: &Envelope<'_>, time
     // The same client options the relay uses (protocol, TLS, credentials), as a one-shot
     // publisher with a clean session.
     let options = SessionOptions::new(mqtt, mqtt.id(), Role::Publisher { max_in_flight: 1 })?;
-    let opened = options.open(0);
+    let opened = options
+        .open(0)
+        .map_err(|cause| failed(std::io::ErrorKind::Other, cause.to_string()))?;
     let (client, mut connection) = (opened.client, opened.connection);
     client
         .try_publish(topic, QoS::AtLeastOnce, false, bytes, None, None)

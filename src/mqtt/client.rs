@@ -7,10 +7,13 @@ use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5 as v5p;
 use rumqttc::{QoS, TlsConfiguration, Transport};
 
-use super::config::{MqttConfig, Protocol};
+use super::config::{MqttConfig, Protocol, read_password};
+use super::event::CauseKind;
 use super::event::{self, Cause, Delivery, RawPublish, Step};
 use super::sas::SasKey;
+use super::tls::TlsConfig;
 use crate::error::{Error, Result};
+use std::path::PathBuf;
 
 /// rumqttc's MQTT 5 client asserts a keep-alive of at least 5 s.
 const V5_MIN_KEEP_ALIVE: Duration = Duration::from_secs(5);
@@ -61,6 +64,11 @@ pub(crate) struct SessionOptions {
     /// Credentials made for each connection (Azure IoT Hub's SAS tokens), with the client id
     /// and each broker's host they are signed for.
     sas: Option<(SasKey, String, Vec<String>)>,
+    /// TLS settings, made into a rustls configuration again for every connection: certificate,
+    /// key and CA files are read each time, so a rotation takes effect at the next connection.
+    tls: Option<TlsConfig>,
+    /// The username, and the file its password is read from at every connection.
+    password_file: Option<(String, PathBuf)>,
 }
 
 #[derive(Clone)]
@@ -205,6 +213,11 @@ impl SessionOptions {
             request_capacity,
             connect_secs,
             commands: matches!(role, Role::Commands { .. }),
+            tls: config.tls_value().cloned(),
+            password_file: config
+                .password_file()
+                .zip(config.username())
+                .map(|(path, user)| (user.to_owned(), path.to_path_buf())),
             sas: config.sas().map(|key| {
                 let hosts = config.brokers().map(|(host, _)| host.to_owned()).collect();
                 (key.clone(), client_id.to_owned(), hosts)
@@ -242,10 +255,38 @@ impl SessionOptions {
     /// publishing for good: docs/reliability.md, "The collision wedge").
     /// `at` picks the broker (wrapping around the list). With a SAS key, the connection gets a
     /// new token, and the instant by which it must be replaced comes with it.
-    pub(crate) fn open(&self, at: usize) -> Opened {
+    /// A file that cannot be read now (or no longer parses) fails this attempt, with its cause,
+    /// as a connection that failed: the next attempt reads it again.
+    pub(crate) fn open(&self, at: usize) -> std::result::Result<Opened, Cause> {
         // `new` built one set of options per broker, and a config has at least one.
         let at = at % self.options.len().max(1);
         let mut options = self.options[at].clone();
+        let cannot = |e: Error| Cause::new(CauseKind::Connect, e.to_string());
+        if let Some(tls) = &self.tls {
+            let transport =
+                Transport::tls_with_config(TlsConfiguration::Rustls(tls.client_config().map_err(cannot)?));
+            match &mut options {
+                Options::V4(o) => {
+                    o.set_transport(transport);
+                }
+                Options::V5(o) => {
+                    o.set_transport(transport);
+                }
+            }
+        }
+        if let Some((user, path)) = &self.password_file
+            && !crate::mutant::active("credential-files-read-once")
+        {
+            let password = read_password(path).map_err(cannot)?;
+            match &mut options {
+                Options::V4(o) => {
+                    o.set_credentials(user, password);
+                }
+                Options::V5(o) => {
+                    o.set_credentials(user, password);
+                }
+            }
+        }
         let mut renew = None;
         let mut expires = None;
         if let Some((key, client_id, hosts)) = &self.sas {
@@ -287,12 +328,12 @@ impl SessionOptions {
                 (MqttClient::V5(client), Connection::V5(Box::new(connection)))
             }
         };
-        Opened {
+        Ok(Opened {
             client,
             connection,
             renew,
             expires,
-        }
+        })
     }
 }
 

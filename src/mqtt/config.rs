@@ -96,6 +96,9 @@ pub struct MqttConfig {
     connect_timeout: Duration,
     max_packet_size: usize,
     credentials: Option<(String, String)>,
+    /// Where the password comes from, read again at every connection (`credentials` holds what
+    /// it said when the setting was made).
+    password_file: Option<std::path::PathBuf>,
     tls: Option<TlsConfig>,
     status_topic: Option<String>,
     topic_aliases: bool,
@@ -119,6 +122,7 @@ impl fmt::Debug for MqttConfig {
             .field("max_packet_size", &self.max_packet_size)
             // The username is not secret; the password is never shown.
             .field("username", &self.credentials.as_ref().map(|(user, _)| user))
+            .field("password_file", &self.password_file)
             .field("tls", &self.tls)
             .field("status_topic", &self.status_topic)
             .field("topic_aliases", &self.topic_aliases)
@@ -146,6 +150,7 @@ impl MqttConfig {
             connect_timeout: Duration::from_secs(10),
             max_packet_size: 256 * 1024,
             credentials: None,
+            password_file: None,
             tls: None,
             status_topic: None,
             topic_aliases: false,
@@ -243,7 +248,23 @@ impl MqttConfig {
     /// Username and password. The password is never logged, printed or shown by `Debug`.
     pub fn credentials(mut self, username: impl Into<String>, password: impl Into<String>) -> Self {
         self.credentials = Some((username.into(), password.into()));
+        self.password_file = None;
         self
+    }
+
+    /// Username, and the password in the file at `path` (one trailing newline ignored), read now
+    /// (a file that cannot be read is an error at once) and again at every connection: a rotated
+    /// password is used from the next connection on, without a restart. The password is never
+    /// logged, printed or shown by `Debug`.
+    pub fn credentials_file(
+        mut self,
+        username: impl Into<String>,
+        path: impl AsRef<std::path::Path>,
+    ) -> Result<Self> {
+        let path = path.as_ref();
+        self.credentials = Some((username.into(), read_password(path)?));
+        self.password_file = Some(path.to_path_buf());
+        Ok(self)
     }
 
     /// Authenticate to Azure IoT Hub with the device's symmetric key: the username IoT Hub
@@ -449,6 +470,11 @@ impl MqttConfig {
         self.credentials.as_ref().map(|(u, p)| (u.as_str(), p.as_str()))
     }
 
+    /// The password file, if the password comes from one.
+    pub(crate) fn password_file(&self) -> Option<&std::path::Path> {
+        self.password_file.as_deref()
+    }
+
     pub(crate) fn tls_value(&self) -> Option<&TlsConfig> {
         self.tls.as_ref()
     }
@@ -494,6 +520,14 @@ impl MqttConfig {
         }
         Ok(())
     }
+}
+
+/// The password in `path`: its text without one trailing newline (`\n` or `\r\n`).
+pub(crate) fn read_password(path: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::io(format!("reading password file {}", path.display()), e))?;
+    let line = text.strip_suffix('\n').unwrap_or(&text);
+    Ok(line.strip_suffix('\r').unwrap_or(line).to_owned())
 }
 
 /// Splits the `host[:port]` of a URL (an IPv6 address in brackets, `[::1]:1883`), with

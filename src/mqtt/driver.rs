@@ -161,46 +161,61 @@ impl Driver<'_> {
             if self.stop.try_recv() != Err(TryRecvError::Empty) {
                 return Ok(());
             }
-            let Opened {
-                client,
-                mut connection,
-                renew,
-                expires,
-            } = self.options.open(at);
-            if !self.handle.install(&client) {
-                return Ok(());
-            }
-            let credentials = Credentials { renew, expires };
-            let end = self.connection(
-                at,
-                &client,
-                &mut connection,
-                credentials,
-                &mut log,
-                &mut on_signal,
-            );
-            self.handle.clear();
-            match end? {
-                End::Done => return Ok(()),
-                End::Stop => {
-                    disconnect_cleanly(&client, &mut connection);
-                    return Ok(());
-                }
-                End::Renew(cause) => {
-                    // A planned replacement: same broker, no backoff, nothing counted as failed.
-                    disconnect_cleanly(&client, &mut connection);
-                    drop((client, connection));
-                    tracing::info!(session = self.name, broker = %self.options.endpoint(at), "{cause}");
-                    if on_signal(Signal::Disconnected(cause))? == Flow::Stop {
+            let end = match self.options.open(at) {
+                // The credentials could not be read or made: a failed attempt; the next one
+                // reads them again.
+                Err(cause) => End::Failed {
+                    cause,
+                    connected: false,
+                    healthy: false,
+                },
+                Ok(Opened {
+                    client,
+                    mut connection,
+                    renew,
+                    expires,
+                }) => {
+                    if !self.handle.install(&client) {
                         return Ok(());
                     }
+                    let credentials = Credentials { renew, expires };
+                    let end = self.connection(
+                        at,
+                        &client,
+                        &mut connection,
+                        credentials,
+                        &mut log,
+                        &mut on_signal,
+                    );
+                    self.handle.clear();
+                    match end? {
+                        End::Stop => {
+                            disconnect_cleanly(&client, &mut connection);
+                            return Ok(());
+                        }
+                        End::Renew(cause) => {
+                            // A planned replacement: same broker, no backoff, nothing counted as
+                            // failed.
+                            disconnect_cleanly(&client, &mut connection);
+                            drop((client, connection));
+                            tracing::info!(session = self.name, broker = %self.options.endpoint(at), "{cause}");
+                            if on_signal(Signal::Disconnected(cause))? == Flow::Stop {
+                                return Ok(());
+                            }
+                            continue;
+                        }
+                        // The client and its connection end here, before the backoff.
+                        other => other,
+                    }
                 }
+            };
+            match end {
+                End::Done | End::Stop | End::Renew(_) => return Ok(()),
                 End::Failed {
                     cause,
                     connected,
                     healthy,
                 } => {
-                    drop((client, connection));
                     log.failed(&cause, connected, healthy);
                     if on_signal(Signal::Disconnected(cause))? == Flow::Stop {
                         return Ok(());

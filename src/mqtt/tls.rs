@@ -1,6 +1,9 @@
-//! TLS settings for the broker connection, turned into a rustls configuration.
+//! TLS settings for the broker connection, turned into a rustls configuration for every
+//! connection, so certificates and keys given as files are read again each time: a rotated file
+//! takes effect at the next connection, without a restart.
 
-use std::path::Path;
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::RootCertStore;
@@ -10,13 +13,41 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use crate::error::{Error, Result};
 
 /// TLS settings: which CA to trust, for mutual TLS the client's certificate and key (PEM), and
-/// the ALPN protocols to offer.
+/// the ALPN protocols to offer. What is given as a file is read when the setting is made (so a
+/// missing file is an error at once) and again for every connection, so a rotated CA bundle,
+/// certificate or key is used from the next connection on.
 #[derive(Clone, PartialEq, Eq)]
 #[must_use = "a builder: use the value it returns"]
 pub struct TlsConfig {
-    ca_pem: Option<Vec<u8>>,
-    client_auth: Option<(Vec<u8>, Vec<u8>)>,
+    ca_pem: Option<Pem>,
+    client_auth: Option<(Pem, Pem)>,
     alpn: Vec<Vec<u8>>,
+}
+
+/// PEM text given as it is, or a file read again at every connection.
+#[derive(Clone, PartialEq, Eq)]
+enum Pem {
+    Text(Vec<u8>),
+    /// The path, and what it held when the setting was made (mutant `credential-files-read-once`
+    /// uses that instead of reading again).
+    File(PathBuf, Vec<u8>),
+}
+
+impl Pem {
+    fn file(path: &Path) -> Result<Pem> {
+        Ok(Pem::File(path.to_path_buf(), read(path)?))
+    }
+
+    /// The PEM text now.
+    fn now(&self) -> Result<Cow<'_, [u8]>> {
+        match self {
+            Pem::Text(pem) => Ok(Cow::Borrowed(pem)),
+            Pem::File(_, first) if crate::mutant::active("credential-files-read-once") => {
+                Ok(Cow::Borrowed(first))
+            }
+            Pem::File(path, _) => read(path).map(Cow::Owned),
+        }
+    }
 }
 
 impl std::fmt::Debug for TlsConfig {
@@ -41,15 +72,20 @@ impl TlsConfig {
     /// Trust the CA certificates in this PEM.
     pub fn with_ca_pem(ca_pem: impl Into<Vec<u8>>) -> Self {
         TlsConfig {
-            ca_pem: Some(ca_pem.into()),
+            ca_pem: Some(Pem::Text(ca_pem.into())),
             client_auth: None,
             alpn: Vec::new(),
         }
     }
 
-    /// Trust the CA certificates in the PEM file at `path`.
+    /// Trust the CA certificates in the PEM file at `path`, read now and again at every
+    /// connection.
     pub fn with_ca_file(path: impl AsRef<Path>) -> Result<Self> {
-        Ok(Self::with_ca_pem(read(path.as_ref())?))
+        Ok(TlsConfig {
+            ca_pem: Some(Pem::file(path.as_ref())?),
+            client_auth: None,
+            alpn: Vec::new(),
+        })
     }
 
     /// Trust the operating system's root certificates.
@@ -63,13 +99,16 @@ impl TlsConfig {
 
     /// Present this certificate chain and private key (PEM) for mutual TLS.
     pub fn client_auth_pem(mut self, cert_pem: impl Into<Vec<u8>>, key_pem: impl Into<Vec<u8>>) -> Self {
-        self.client_auth = Some((cert_pem.into(), key_pem.into()));
+        self.client_auth = Some((Pem::Text(cert_pem.into()), Pem::Text(key_pem.into())));
         self
     }
 
-    /// Present the certificate chain and private key in these PEM files for mutual TLS.
-    pub fn client_auth_files(self, cert: impl AsRef<Path>, key: impl AsRef<Path>) -> Result<Self> {
-        Ok(self.client_auth_pem(read(cert.as_ref())?, read(key.as_ref())?))
+    /// Present the certificate chain and private key in these PEM files for mutual TLS, read now
+    /// and again at every connection: replace both files (each in one rename, key and
+    /// certificate that belong together) and the next connection uses the new pair.
+    pub fn client_auth_files(mut self, cert: impl AsRef<Path>, key: impl AsRef<Path>) -> Result<Self> {
+        self.client_auth = Some((Pem::file(cert.as_ref())?, Pem::file(key.as_ref())?));
+        Ok(self)
     }
 
     /// Offers `protocol` in the TLS handshake's ALPN extension (repeatable: offered in the order
@@ -99,7 +138,7 @@ impl TlsConfig {
         let mut roots = RootCertStore::empty();
         match &self.ca_pem {
             Some(pem) => {
-                for cert in CertificateDer::pem_slice_iter(pem) {
+                for cert in CertificateDer::pem_slice_iter(&pem.now()?) {
                     roots
                         .add(cert.map_err(|e| bad("CA certificate", &e))?)
                         .map_err(|e| bad("CA certificate", &e))?;
@@ -129,10 +168,11 @@ impl TlsConfig {
         }
         let mut config = match &self.client_auth {
             Some((cert_pem, key_pem)) => {
-                let certs = CertificateDer::pem_slice_iter(cert_pem)
+                let certs = CertificateDer::pem_slice_iter(&cert_pem.now()?)
                     .collect::<std::result::Result<Vec<_>, _>>()
                     .map_err(|e| bad("client certificate", &e))?;
-                let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| bad("client key", &e))?;
+                let key =
+                    PrivateKeyDer::from_pem_slice(&key_pem.now()?).map_err(|e| bad("client key", &e))?;
                 builder
                     .with_client_auth_cert(certs, key)
                     .map_err(|e| bad("client certificate", &e))?

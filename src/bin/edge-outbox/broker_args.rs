@@ -31,8 +31,9 @@ pub struct BrokerArgs {
     /// MQTT username.
     #[arg(long, value_name = "USER")]
     pub username: Option<String>,
-    /// Read the password from this file (a trailing newline is ignored); never pass it as an
-    /// argument, where other users see it.
+    /// Read the password from this file (a trailing newline is ignored), again at every
+    /// connection, so a rotated password needs no restart; never pass it as an argument, where
+    /// other users see it.
     #[arg(
         long,
         value_name = "FILE",
@@ -161,14 +162,17 @@ impl BrokerArgs {
             mqtt = mqtt.azure_sas(key);
         }
         if let Some(user) = &self.username {
-            let password = match (&self.password_file, &self.password_env) {
-                (Some(file), _) => read_password(file)?,
-                (None, Some(var)) => std::env::var(var).map_err(|e| {
-                    CliError::usage(format!("the password variable {var} (--password-env): {e}"))
-                })?,
-                (None, None) => String::new(),
+            mqtt = match (&self.password_file, &self.password_env) {
+                // Read again at every connection: a rotated password needs no restart.
+                (Some(file), _) => mqtt.credentials_file(user, file).map_err(usage)?,
+                (None, Some(var)) => mqtt.credentials(
+                    user,
+                    std::env::var(var).map_err(|e| {
+                        CliError::usage(format!("the password variable {var} (--password-env): {e}"))
+                    })?,
+                ),
+                (None, None) => mqtt.credentials(user, String::new()),
             };
-            mqtt = mqtt.credentials(user, password);
         }
         Ok(mqtt)
     }
@@ -183,11 +187,4 @@ pub fn has_password(url: &str) -> bool {
 
 fn usage(e: edge_outbox::Error) -> CliError {
     CliError::usage(e.to_string())
-}
-
-fn read_password(file: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| CliError::usage(format!("reading password file {}: {e}", file.display())))?;
-    let line = text.strip_suffix('\n').unwrap_or(&text);
-    Ok(line.strip_suffix('\r').unwrap_or(line).to_owned())
 }
