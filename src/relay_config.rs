@@ -391,6 +391,14 @@ impl RelayConfig {
         }
         if let Some(filter) = &self.commands {
             validate_filter(filter)?;
+            if self.mqtt.sas().is_some() {
+                return Err(Error::InvalidConfig(
+                    "commands with a SAS key: Azure IoT Hub takes one connection per device id, and \
+                     the command session needs a second one (a single-session mode is not yet \
+                     available): leave commands unset"
+                        .into(),
+                ));
+            }
         }
         for (filter, _) in &self.ttl {
             validate_filter(filter)?;

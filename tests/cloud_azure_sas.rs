@@ -126,6 +126,21 @@ fn a_wrong_key_or_device_is_refused_and_everything_stays_pending() -> TestResult
     }
     assert_eq!(front.auth_accepted(), 0);
     assert!(sub.is_empty(), "nothing reached the broker");
+
+    // A command session would need a second connection for the same device id, which the hub
+    // does not allow: refused with the reason, before anything connects.
+    let dir = tempfile::tempdir()?;
+    let outbox = open_device(dir.path());
+    let mqtt = MqttConfig::new("127.0.0.1", front.addr().port())
+        .client_id(DEVICE)
+        .protocol(Protocol::V311)
+        .azure_sas(SasKey::from_base64(&hub.key_base64())?);
+    let refused = Relay::start(
+        &outbox,
+        RelayConfig::new(mqtt).commands("devices/pump-17/messages/devicebound/#"),
+    );
+    let err = refused.err().ok_or("a SAS key with commands was accepted")?;
+    assert!(err.to_string().contains("one connection per device id"), "{err}");
     Ok(())
 }
 
@@ -154,16 +169,18 @@ fn the_cli_relay_renews_its_sas_token() -> TestResult {
             .arg(format!("mqtt://{}", front.addr()))
             .arg("--sas-key-file")
             .arg(&key_file)
-            .args(["--sas-lifetime", "3"])
+            // Longer than the CLI's 10 s connect timeout, as a token must be.
+            .args(["--sas-lifetime", "12"])
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?,
     );
+    // Written until the relay has renewed its token once.
     let mut committed = Vec::new();
     let started = std::time::Instant::now();
-    while started.elapsed() < LIFETIME * 2 {
+    while front.auth_accepted() < 2 && started.elapsed() < WAIT {
         committed.extend(commit_orders(&outbox, &["a", "b"], 4, 0));
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -63,7 +63,7 @@ pub(crate) struct SessionOptions {
     commands: bool,
     /// Credentials made for each connection (Azure IoT Hub's SAS tokens), with the client id
     /// and each broker's host they are signed for.
-    sas: Option<(SasKey, String, Vec<String>)>,
+    sas: Option<(SasKey, String, String)>,
     /// TLS settings, made into a rustls configuration again for every connection: certificate,
     /// key and CA files are read each time, so a rotation takes effect at the next connection.
     tls: Option<TlsConfig>,
@@ -213,15 +213,17 @@ impl SessionOptions {
             request_capacity,
             connect_secs,
             commands: matches!(role, Role::Commands { .. }),
-            tls: config.tls_value().cloned(),
+            // Settings given as text are built once, above: only files can change.
+            tls: config.tls_value().filter(|tls| tls.reads_files()).cloned(),
             password_file: config
                 .password_file()
                 .zip(config.username())
                 .map(|(path, user)| (user.to_owned(), path.to_path_buf())),
-            sas: config.sas().map(|key| {
-                let hosts = config.brokers().map(|(host, _)| host.to_owned()).collect();
-                (key.clone(), client_id.to_owned(), hosts)
-            }),
+            // Every broker of a failover list gets tokens for the first one's host (the hub's
+            // name), unless the key names the hub: an address or another name would be refused.
+            sas: config
+                .sas()
+                .map(|key| (key.clone(), client_id.to_owned(), config.host().to_owned())),
         })
     }
 
@@ -289,8 +291,7 @@ impl SessionOptions {
         }
         let mut renew = None;
         let mut expires = None;
-        if let Some((key, client_id, hosts)) = &self.sas {
-            let host = hosts.get(at).map_or("", String::as_str);
+        if let Some((key, client_id, host)) = &self.sas {
             let now = SystemTime::now();
             let signed = key.sign(host, client_id, now);
             expires = Some(signed.expires);

@@ -509,6 +509,16 @@ impl MqttConfig {
         #[cfg(feature = "http-proxy")]
         if let Some(proxy) = &self.proxy {
             proxy.validate()?;
+            if let Some((host, _)) = self
+                .brokers()
+                .find(|(host, _)| host.contains(':') && proxy.applies_to(host))
+            {
+                return Err(Error::InvalidConfig(format!(
+                    "broker {host}: an IPv6 address cannot be reached through the HTTP proxy \
+                     (its CONNECT request takes a host name or IPv4 address): give the broker's \
+                     host name, or list it in no_proxy"
+                )));
+            }
         }
         if let Some(sas) = &self.sas {
             if self.credentials.is_some() {
@@ -516,7 +526,7 @@ impl MqttConfig {
                     "a username and password and a SAS key: give one of them (the SAS key makes both)".into(),
                 ));
             }
-            sas.validate()?;
+            sas.validate(self.connect_timeout)?;
         }
         Ok(())
     }
@@ -548,6 +558,9 @@ pub(crate) fn split_host_port(
             }
         }
         None => match hostport.rsplit_once(':') {
+            Some((host, _)) if host.contains(':') => {
+                return Err("an IPv6 address goes in brackets, as in [::1]:1883");
+            }
             Some((host, port)) => (host, Some(port)),
             None => (hostport, None),
         },
@@ -655,6 +668,7 @@ mod tests {
             "mqtt://h:0",
             "mqtt://[::1",
             "mqtt://[::1]x",
+            "mqtt://fe80::1",
             "mqtt://:pw@h",
             "mqtt://u:%zz@h",
         ] {

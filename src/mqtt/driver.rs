@@ -48,6 +48,9 @@ struct Credentials {
     expires: Option<SystemTime>,
 }
 
+/// How long a connection is kept at least, however soon its credentials expire.
+const RENEW_MIN_HOLD: Duration = Duration::from_secs(1);
+
 /// How often a quiet, connected session checks for a reconnect request while one may come (see
 /// [`SessionHandle::set_watching`])...
 const REQUEST_CHECK: Duration = Duration::from_millis(200);
@@ -195,8 +198,12 @@ impl Driver<'_> {
                         }
                         End::Renew(cause) => {
                             // A planned replacement: same broker, no backoff, nothing counted as
-                            // failed.
-                            disconnect_cleanly(&client, &mut connection);
+                            // failed. What the broker answers meanwhile (PUBACKs of the window in
+                            // flight) still counts, so fewer messages are sent twice.
+                            if disconnect_forwarding(&client, &mut connection, &mut on_signal)? == Flow::Stop
+                            {
+                                return Ok(());
+                            }
                             drop((client, connection));
                             tracing::info!(session = self.name, broker = %self.options.endpoint(at), "{cause}");
                             if on_signal(Signal::Disconnected(cause))? == Flow::Stop {
@@ -246,8 +253,14 @@ impl Driver<'_> {
         let mut connected_at: Option<Instant> = None;
         let mut keep_alive = self.options.keep_alive();
         let mut healthy = false;
-        let renew = credentials.renew;
         loop {
+            // Never sooner than a moment after the CONNACK: a token whose life is mostly spent
+            // connecting is left to expire, which the broker ends as a failure, with backoff,
+            // rather than renewed in a loop.
+            let renew = credentials
+                .renew
+                .zip(connected_at)
+                .map(|(renew, at)| renew.max(at + RENEW_MIN_HOLD));
             let connected = connected_at.is_some();
             // Once connected, wake up now and then to act on a reconnect request even when the
             // connection is quiet (often only while one may come), and when the connection
@@ -407,13 +420,42 @@ fn deliver_buffered(
     Ok(Flow::Continue)
 }
 
+/// [`disconnect_cleanly`], handing the session logic each event that comes meanwhile.
+fn disconnect_forwarding(
+    client: &MqttClient,
+    connection: &mut Connection,
+    on_signal: &mut impl FnMut(Signal) -> Result<Flow>,
+) -> Result<Flow> {
+    if client.try_disconnect().is_err() {
+        return Ok(Flow::Continue);
+    }
+    let deadline = Instant::now() + DISCONNECT_WAIT;
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match connection.recv(true, Some(left)) {
+            Recv::Step(Step::Event(Event::DisconnectSent)) | Recv::Failed(_) | Recv::Idle | Recv::Closed => {
+                break;
+            }
+            Recv::Step(Step::ConnAck(_) | Step::Event(Event::Other)) => {}
+            Recv::Step(Step::Event(event)) => {
+                if on_signal(Signal::Event(event))? == Flow::Stop {
+                    return Ok(Flow::Stop);
+                }
+            }
+        }
+    }
+    Ok(Flow::Continue)
+}
+
+/// How long a clean DISCONNECT may take to be written.
+const DISCONNECT_WAIT: Duration = Duration::from_secs(2);
+
 /// Sends DISCONNECT and lets rumqttc write it, for a bounded time: the broker then discards the
 /// last will.
 fn disconnect_cleanly(client: &MqttClient, connection: &mut Connection) {
     if client.try_disconnect().is_err() {
         return;
     }
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + DISCONNECT_WAIT;
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         match connection.recv(true, Some(left)) {
             Recv::Step(Step::Event(Event::DisconnectSent)) | Recv::Failed(_) | Recv::Idle | Recv::Closed => {

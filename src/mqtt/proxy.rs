@@ -121,7 +121,11 @@ impl HttpProxy {
     pub fn no_proxy(mut self, list: &str) -> Self {
         self.no_proxy.extend(
             list.split(',')
-                .map(|entry| entry.trim().trim_start_matches('.').to_ascii_lowercase())
+                .map(|entry| {
+                    unbracket(entry.trim())
+                        .trim_start_matches('.')
+                        .to_ascii_lowercase()
+                })
                 .filter(|entry| !entry.is_empty()),
         );
         self
@@ -130,17 +134,16 @@ impl HttpProxy {
     /// Whether a connection to the broker `host` goes through this proxy (it is not in the
     /// [`no_proxy`](Self::no_proxy) list).
     pub fn applies_to(&self, host: &str) -> bool {
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .trim_end_matches('.')
-            .to_ascii_lowercase();
+        let host = unbracket(host).trim_end_matches('.').to_ascii_lowercase();
         !self.no_proxy.iter().any(|entry| {
+            // An address matches only itself; a name covers the names under it too.
+            let is_address = entry.parse::<std::net::IpAddr>().is_ok();
             entry == "*"
                 || host == *entry
-                || host
-                    .strip_suffix(entry.as_str())
-                    .is_some_and(|head| head.ends_with('.'))
+                || !is_address
+                    && host
+                        .strip_suffix(entry.as_str())
+                        .is_some_and(|head| head.ends_with('.'))
         })
     }
 
@@ -185,10 +188,22 @@ impl HttpProxy {
                 },
                 None => rumqttc::ProxyAuth::None,
             },
-            addr: self.host.clone(),
+            // rumqttc joins address and port with a colon: an IPv6 address needs its brackets.
+            addr: if self.host.contains(':') {
+                format!("[{}]", self.host)
+            } else {
+                self.host.clone()
+            },
             port: self.port,
         }
     }
+}
+
+/// `host` without the brackets of an IPv6 address.
+fn unbracket(host: &str) -> &str {
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
 }
 
 impl fmt::Display for HttpProxy {
@@ -248,11 +263,25 @@ mod tests {
             "example.com",
             "notplant.local",
             "10.0.0.70",
+            "110.0.0.7",
             "localhost.example.com",
         ] {
             assert!(p.applies_to(proxied), "{proxied}");
         }
         assert!(!HttpProxy::new("proxy", 1).no_proxy("*").applies_to("anything"));
+        let v6 = HttpProxy::new("::1", 3128).no_proxy("[fe80::2]");
+        assert!(!v6.applies_to("fe80::2") && !v6.applies_to("[fe80::2]"));
+        assert_eq!(v6.rumqttc().addr, "[::1]");
+    }
+
+    #[test]
+    fn an_ipv6_broker_cannot_go_through_the_proxy() {
+        let proxied = crate::MqttConfig::new("fe80::1", 1883).http_proxy(HttpProxy::new("proxy", 3128));
+        let err = proxied.validate("id").expect_err("IPv6 through the proxy");
+        assert!(err.to_string().contains("host name"), "{err}");
+        let direct = crate::MqttConfig::new("fe80::1", 1883)
+            .http_proxy(HttpProxy::new("proxy", 3128).no_proxy("[fe80::1]"));
+        assert!(direct.validate("id").is_ok());
         assert!(HttpProxy::new("proxy", 1).applies_to("anything"));
     }
 }

@@ -73,7 +73,8 @@ impl SasKey {
     pub fn from_base64(key: &str) -> Result<Self> {
         let key = STANDARD
             .decode(key.trim())
-            .map_err(|e| Error::InvalidConfig(format!("SAS key: not base64 ({e})")))?;
+            // base64's error names the offending byte: not repeated, it is part of the key.
+            .map_err(|_| Error::InvalidConfig("SAS key: not base64".into()))?;
         if key.is_empty() {
             return Err(Error::InvalidConfig("SAS key is empty".into()));
         }
@@ -101,8 +102,9 @@ impl SasKey {
         self
     }
 
-    /// The IoT hub's host name the tokens are for (default: the broker's host, which is the
-    /// hub's for a direct connection; set it when connecting through a gateway or by address).
+    /// The IoT hub's host name the tokens are for (default: the broker's host, the first one of
+    /// a failover list, which is the hub's for a direct connection; set it when connecting
+    /// through a gateway or by address).
     pub fn hub(mut self, host: impl Into<String>) -> Self {
         self.hub = Some(host.into());
         self
@@ -113,7 +115,15 @@ impl SasKey {
         self.lifetime
     }
 
-    pub(crate) fn validate(&self) -> Result<()> {
+    /// `connect_timeout`: a token must outlive the time one connection may take.
+    pub(crate) fn validate(&self, connect_timeout: Duration) -> Result<()> {
+        if self.lifetime <= connect_timeout {
+            return Err(Error::InvalidConfig(format!(
+                "SAS token lifetime {:?}: longer than the connect timeout ({connect_timeout:?}), or a \
+                 token may expire before its connection is up",
+                self.lifetime
+            )));
+        }
         if self.lifetime < MIN_LIFETIME {
             return Err(Error::InvalidConfig(format!(
                 "SAS token lifetime {:?}: at least {MIN_LIFETIME:?}, to leave time to connect and renew",
@@ -208,8 +218,20 @@ mod tests {
             .lifetime(Duration::from_secs(10));
         let signed = key.sign("hub", "d", UNIX_EPOCH + Duration::from_secs(100));
         assert_eq!(signed.renew, UNIX_EPOCH + Duration::from_secs(108));
-        assert!(key.clone().lifetime(Duration::from_secs(1)).validate().is_err());
-        assert!(key.validate().is_ok());
+        let connect = Duration::from_secs(2);
+        assert!(
+            key.clone()
+                .lifetime(Duration::from_secs(1))
+                .validate(Duration::ZERO)
+                .is_err()
+        );
+        assert!(
+            key.clone()
+                .lifetime(Duration::from_secs(2))
+                .validate(connect)
+                .is_err()
+        );
+        assert!(key.validate(connect).is_ok());
     }
 
     #[test]

@@ -126,6 +126,16 @@ impl TlsConfig {
         self
     }
 
+    /// Whether any of it is read from files (and so again at every connection).
+    pub(crate) fn reads_files(&self) -> bool {
+        let file = |pem: &Pem| matches!(pem, Pem::File(..));
+        self.ca_pem.as_ref().is_some_and(file)
+            || self
+                .client_auth
+                .as_ref()
+                .is_some_and(|(cert, key)| file(cert) || file(key))
+    }
+
     /// Whether a client certificate is presented (mutual TLS).
     pub(crate) fn has_client_auth(&self) -> bool {
         self.client_auth.is_some()

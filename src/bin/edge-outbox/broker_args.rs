@@ -53,16 +53,17 @@ pub struct BrokerArgs {
     pub proxy: Option<String>,
     /// Brokers reached directly, not through --proxy: comma-separated host names, where a name
     /// covers its subdomains and `*` covers every host.
-    #[arg(long, value_name = "LIST", requires = "proxy")]
+    #[arg(long, value_name = "LIST")]
     pub no_proxy: Option<String>,
     /// Azure IoT Hub: the device's symmetric key (base64, the file's first line). The relay then
     /// makes the username IoT Hub expects and a new SAS token for every connection, and replaces
     /// each connection before its token expires. The client id must be the device id.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["username", "password_file", "password_env"])]
     pub sas_key_file: Option<PathBuf>,
-    /// How long each SAS token is valid, in seconds (at least 2).
-    #[arg(long, value_name = "SECS", default_value_t = 3600, requires = "sas_key_file")]
-    pub sas_lifetime: u64,
+    /// How long each SAS token is valid, in seconds (default 3600; at least 2, and longer than
+    /// the connect timeout).
+    #[arg(long, value_name = "SECS")]
+    pub sas_lifetime: Option<u64>,
     /// The URLs came from a config file, not the process list (which other users can read).
     #[arg(skip)]
     pub urls_from_file: bool,
@@ -137,6 +138,17 @@ impl BrokerArgs {
             let tls = self.alpn.iter().fold(tls, |tls, p| tls.alpn(p.as_bytes()));
             mqtt = mqtt.tls(tls);
         }
+        // Checked here rather than by the parser: either may come from the config file.
+        if self.no_proxy.is_some() && self.proxy.is_none() {
+            return Err(CliError::usage(
+                "no-proxy without a proxy: give --proxy (or `proxy` in the config file)",
+            ));
+        }
+        if self.sas_lifetime.is_some() && self.sas_key_file.is_none() {
+            return Err(CliError::usage(
+                "sas-lifetime without a SAS key: give --sas-key-file",
+            ));
+        }
         if let Some(url) = &self.proxy {
             let mut proxy = HttpProxy::from_url(url).map_err(usage)?;
             if let Some(list) = &self.no_proxy {
@@ -158,7 +170,7 @@ impl BrokerArgs {
             }
             let key = SasKey::from_file(file)
                 .map_err(usage)?
-                .lifetime(std::time::Duration::from_secs(self.sas_lifetime));
+                .lifetime(std::time::Duration::from_secs(self.sas_lifetime.unwrap_or(3600)));
             mqtt = mqtt.azure_sas(key);
         }
         if let Some(user) = &self.username {

@@ -320,7 +320,11 @@ pub fn merge(file: RelayFile, args: &mut RelayArgs, given: impl Fn(&str) -> bool
         file.sas_key_file.map(Some),
         given("sas_key_file"),
     );
-    take(&mut b.sas_lifetime, file.sas_lifetime, given("sas_lifetime"));
+    take(
+        &mut b.sas_lifetime,
+        file.sas_lifetime.map(Some),
+        given("sas_lifetime"),
+    );
     take(&mut b.username, file.username.map(Some), given("username"));
     take(
         &mut b.password_file,
@@ -434,7 +438,7 @@ pub fn effective(args: &RelayArgs, db: &Path, busy_timeout: u64) -> RelayFile {
         proxy: b.proxy.as_deref().map(edge_outbox::redact_url),
         no_proxy: b.no_proxy.clone(),
         sas_key_file: b.sas_key_file.clone(),
-        sas_lifetime: b.sas_key_file.as_ref().map(|_| b.sas_lifetime),
+        sas_lifetime: b.sas_key_file.as_ref().map(|_| b.sas_lifetime.unwrap_or(3600)),
         username: b.username.clone(),
         password_file: b.password_file.clone(),
         password_env: b.password_env.clone(),
