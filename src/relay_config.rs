@@ -377,6 +377,24 @@ impl RelayConfig {
         &self.source
     }
 
+    /// Checks these settings as [`Relay::start`](crate::Relay::start) will, without starting
+    /// anything: a configuration refused here is refused there, with the same error. For a
+    /// tool that checks settings before applying them (`edge-outbox config check`, a reload).
+    ///
+    /// ```
+    /// use edge_outbox::{MqttConfig, RelayConfig};
+    /// assert!(RelayConfig::new(MqttConfig::new("broker.example", 1883)).check().is_ok());
+    /// assert!(RelayConfig::new(MqttConfig::new("broker.example", 1883)).max_in_flight(0).check().is_err());
+    /// ```
+    pub fn check(&self) -> Result<()> {
+        self.validate()?;
+        self.mqtt.validate(self.mqtt.id())?;
+        if self.commands.is_some() {
+            self.mqtt.validate(&self.commands_client())?;
+        }
+        Ok(())
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         if self.max_in_flight == 0 || self.max_in_flight > usize::from(u16::MAX) {
             return Err(Error::InvalidConfig(

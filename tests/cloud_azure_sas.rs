@@ -169,8 +169,8 @@ fn the_cli_relay_renews_its_sas_token() -> TestResult {
             .arg(format!("mqtt://{}", front.addr()))
             .arg("--sas-key-file")
             .arg(&key_file)
-            // Longer than the CLI's 10 s connect timeout, as a token must be.
-            .args(["--sas-lifetime", "12"])
+            // Renewed after the CLI's 10 s connect timeout, as a token must be.
+            .args(["--sas-lifetime", "13"])
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -209,6 +209,28 @@ fn the_cli_relay_renews_its_sas_token() -> TestResult {
         !shown.to_string().contains(&hub.key_base64()),
         "the key is never shown"
     );
+
+    // What the relay would refuse at start, `config check` (and so a reload) refuses too.
+    let empty = device.path().join("empty.toml");
+    std::fs::write(&empty, "")?;
+    let out = Command::new(bin)
+        .args(["config", "check"])
+        .arg(&empty)
+        .arg("--db")
+        .arg(&db)
+        .args([
+            "--client-id",
+            DEVICE,
+            "--broker",
+            "mqtt://127.0.0.1:1883",
+            "--sas-key-file",
+        ])
+        .arg(&key_file)
+        .args(["--commands", "devices/pump-17/messages/devicebound/#"])
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("one connection per device id"), "{stderr}");
     Ok(())
 }
 

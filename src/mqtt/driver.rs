@@ -112,6 +112,8 @@ impl SessionHandle {
             return false;
         }
         slot.client = Some(client.clone());
+        // A request made for an earlier connection (while it closed) is not this one's.
+        lock(&self.reconnect).take();
         true
     }
 
@@ -198,8 +200,9 @@ impl Driver<'_> {
                         }
                         End::Renew(cause) => {
                             // A planned replacement: same broker, no backoff, nothing counted as
-                            // failed. What the broker answers meanwhile (PUBACKs of the window in
-                            // flight) still counts, so fewer messages are sent twice.
+                            // failed. What is read until the DISCONNECT goes out still counts;
+                            // PUBACKs still on their way are lost with the connection, and their
+                            // rows are sent again on the next.
                             if disconnect_forwarding(&client, &mut connection, &mut on_signal)? == Flow::Stop
                             {
                                 return Ok(());
@@ -443,7 +446,7 @@ fn disconnect_forwarding(
             }
         }
     }
-    Ok(Flow::Continue)
+    deliver_buffered(connection, on_signal)
 }
 
 /// How long a clean DISCONNECT may take to be written.

@@ -117,10 +117,14 @@ impl SasKey {
 
     /// `connect_timeout`: a token must outlive the time one connection may take.
     pub(crate) fn validate(&self, connect_timeout: Duration) -> Result<()> {
-        if self.lifetime <= connect_timeout {
+        // A connection is renewed at lifetime - margin after its token was made: that must come
+        // after the longest connect, or a slow connect is renewed as soon as it is up, again
+        // and again.
+        if self.lifetime.saturating_sub(self.margin()) <= connect_timeout {
             return Err(Error::InvalidConfig(format!(
-                "SAS token lifetime {:?}: longer than the connect timeout ({connect_timeout:?}), or a \
-                 token may expire before its connection is up",
+                "SAS token lifetime {:?}: too short for the connect timeout ({connect_timeout:?}); \
+                 a connection is renewed when a fifth of its token's life is left, which must \
+                 come after the longest connect",
                 self.lifetime
             )));
         }
@@ -150,13 +154,18 @@ impl SasKey {
             .as_secs();
         let expires = UNIX_EPOCH + Duration::from_secs(expires_secs);
         let resource = format!("{}/devices/{device_id}", self.hub.as_deref().unwrap_or(host));
-        let margin = (self.lifetime / 5).min(Duration::from_secs(300));
+        let margin = self.margin();
         Signed {
             username: self.username(host, device_id),
             password: self.token(&resource, expires_secs),
             expires,
             renew: expires.checked_sub(margin).unwrap_or(expires),
         }
+    }
+
+    /// How long before its token expires a connection is replaced.
+    fn margin(&self) -> Duration {
+        (self.lifetime / 5).min(Duration::from_secs(300))
     }
 
     fn token(&self, resource: &str, expires_secs: u64) -> String {
@@ -232,6 +241,19 @@ mod tests {
                 .is_err()
         );
         assert!(key.validate(connect).is_ok());
+        let ten = Duration::from_secs(10);
+        assert!(
+            key.clone()
+                .lifetime(Duration::from_secs(12))
+                .validate(ten)
+                .is_err()
+        );
+        assert!(
+            key.clone()
+                .lifetime(Duration::from_secs(13))
+                .validate(ten)
+                .is_ok()
+        );
     }
 
     #[test]

@@ -126,10 +126,11 @@ impl TlsConfig {
         self
     }
 
-    /// Whether any of it is read from files (and so again at every connection).
+    /// Whether any of it is read from files (and so again at every connection): the system's CA
+    /// bundle too, which an OS update replaces.
     pub(crate) fn reads_files(&self) -> bool {
         let file = |pem: &Pem| matches!(pem, Pem::File(..));
-        self.ca_pem.as_ref().is_some_and(file)
+        self.ca_pem.as_ref().is_none_or(file)
             || self
                 .client_auth
                 .as_ref()

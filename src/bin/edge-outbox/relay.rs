@@ -430,6 +430,9 @@ pub fn config(args: &RelayArgs) -> Result<RelayConfig> {
     for (filter, lifetime) in &args.expire {
         config = config.expire_after(filter, *lifetime);
     }
+    // What the relay would refuse at start, refused here: `config check` says so, and a reload
+    // keeps the running settings instead of stopping on them.
+    config.check()?;
     Ok(config)
 }
 
