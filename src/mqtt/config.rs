@@ -185,26 +185,12 @@ impl MqttConfig {
             "mqtts" | "ssl" => 8883,
             _ => return Err(bad("scheme must be mqtt or mqtts")),
         };
-        let rest = rest.trim_end_matches('/');
-        let (userinfo, hostport) = match rest.rsplit_once('@') {
-            Some((userinfo, hostport)) => (Some(userinfo), hostport),
-            None => (None, rest),
-        };
-        let (host, port) = split_host_port(hostport, default_port).map_err(bad)?;
-        let mut config = MqttConfig::new(host, port);
+        let authority = Authority::parse(rest, default_port).map_err(bad)?;
+        let mut config = MqttConfig::new(authority.host, authority.port);
         if default_port == 8883 {
             config.tls = Some(TlsConfig::system_roots());
         }
-        if let Some(userinfo) = userinfo {
-            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-            let user = percent_decode(user).ok_or_else(|| bad("malformed %-escape in the username"))?;
-            let password =
-                percent_decode(password).ok_or_else(|| bad("malformed %-escape in the password"))?;
-            if user.is_empty() {
-                return Err(bad("a password needs a username (user:password@host)"));
-            }
-            config.credentials = Some((user, password));
-        }
+        config.credentials = authority.credentials;
         Ok(config)
     }
 
@@ -540,12 +526,48 @@ pub(crate) fn read_password(path: &std::path::Path) -> Result<String> {
     Ok(line.strip_suffix('\r').unwrap_or(line).to_owned())
 }
 
+/// What follows a URL's scheme: `[user[:password]@]host[:port][/]`, for the broker's and the
+/// proxy's URLs alike.
+pub(crate) struct Authority<'a> {
+    pub host: &'a str,
+    pub port: u16,
+    /// The user and password, percent-decoded (a user alone has an empty password).
+    pub credentials: Option<(String, String)>,
+}
+
+impl Authority<'_> {
+    /// `rest` split, with `default_port` where none is given; the error says what is wrong
+    /// without repeating the password.
+    pub(crate) fn parse(rest: &str, default_port: u16) -> std::result::Result<Authority<'_>, &'static str> {
+        let rest = rest.trim_end_matches('/');
+        let (userinfo, hostport) = match rest.rsplit_once('@') {
+            Some((userinfo, hostport)) => (Some(userinfo), hostport),
+            None => (None, rest),
+        };
+        let (host, port) = split_host_port(hostport, default_port)?;
+        let credentials = match userinfo {
+            None => None,
+            Some(userinfo) => {
+                let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+                let user = percent_decode(user).ok_or("malformed %-escape in the username")?;
+                let password = percent_decode(password).ok_or("malformed %-escape in the password")?;
+                if user.is_empty() {
+                    return Err("a password needs a username (user:password@host)");
+                }
+                Some((user, password))
+            }
+        };
+        Ok(Authority {
+            host,
+            port,
+            credentials,
+        })
+    }
+}
+
 /// Splits the `host[:port]` of a URL (an IPv6 address in brackets, `[::1]:1883`), with
 /// `default_port` where none is given; the error says what is wrong.
-pub(crate) fn split_host_port(
-    hostport: &str,
-    default_port: u16,
-) -> std::result::Result<(&str, u16), &'static str> {
+fn split_host_port(hostport: &str, default_port: u16) -> std::result::Result<(&str, u16), &'static str> {
     let (host, port) = match hostport.strip_prefix('[') {
         Some(rest) => {
             let (host, after) = rest.split_once(']').ok_or("missing ] after the IPv6 address")?;
@@ -611,7 +633,7 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// Decodes `%XX` escapes; `None` on a malformed escape or bytes that are not UTF-8.
-pub(crate) fn percent_decode(s: &str) -> Option<String> {
+fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::config::{endpoint, percent_decode, split_host_port};
+use super::config::{Authority, endpoint};
 use crate::error::{Error, Result};
 use crate::redact_url;
 
@@ -86,24 +86,12 @@ impl HttpProxy {
             }
             _ => return Err(bad("expected http://[user:password@]host[:port]")),
         };
-        let rest = rest.trim_end_matches('/');
-        let (userinfo, hostport) = match rest.rsplit_once('@') {
-            Some((userinfo, hostport)) => (Some(userinfo), hostport),
-            None => (None, rest),
-        };
-        let (host, port) = split_host_port(hostport, DEFAULT_PROXY_PORT).map_err(bad)?;
-        let mut proxy = HttpProxy::new(host, port);
-        if let Some(userinfo) = userinfo {
-            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-            let user = percent_decode(user).ok_or_else(|| bad("malformed %-escape in the username"))?;
-            let password =
-                percent_decode(password).ok_or_else(|| bad("malformed %-escape in the password"))?;
-            if user.is_empty() {
-                return Err(bad("a password needs a username (user:password@host)"));
-            }
-            proxy = proxy.basic_auth(user, password);
-        }
-        Ok(proxy)
+        let authority = Authority::parse(rest, DEFAULT_PROXY_PORT).map_err(bad)?;
+        let proxy = HttpProxy::new(authority.host, authority.port);
+        Ok(match authority.credentials {
+            Some((user, password)) => proxy.basic_auth(user, password),
+            None => proxy,
+        })
     }
 
     /// Authenticate to the proxy with HTTP basic authentication. The password is never logged,
