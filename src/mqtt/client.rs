@@ -7,13 +7,13 @@ use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5 as v5p;
 use rumqttc::{QoS, TlsConfiguration, Transport};
 
+use std::path::PathBuf;
+
 use super::config::{MqttConfig, Protocol, read_password};
-use super::event::CauseKind;
-use super::event::{self, Cause, Delivery, RawPublish, Step};
+use super::event::{self, Cause, CauseKind, Delivery, RawPublish, Step};
 use super::sas::SasKey;
 use super::tls::TlsConfig;
 use crate::error::{Error, Result};
-use std::path::PathBuf;
 
 /// rumqttc's MQTT 5 client asserts a keep-alive of at least 5 s.
 const V5_MIN_KEEP_ALIVE: Duration = Duration::from_secs(5);
@@ -62,7 +62,7 @@ pub(crate) struct SessionOptions {
     /// The command session: TCP_NODELAY for its acks.
     commands: bool,
     /// Credentials made for each connection (Azure IoT Hub's SAS tokens), with the client id
-    /// and each broker's host they are signed for.
+    /// and the host (the first broker's) they are signed for.
     sas: Option<(SasKey, String, String)>,
     /// TLS settings, made into a rustls configuration again for every connection: certificate,
     /// key and CA files are read each time, so a rotation takes effect at the next connection.
@@ -265,29 +265,14 @@ impl SessionOptions {
         let mut options = self.options[at].clone();
         let cannot = |e: Error| Cause::new(CauseKind::Connect, e.to_string());
         if let Some(tls) = &self.tls {
-            let transport =
-                Transport::tls_with_config(TlsConfiguration::Rustls(tls.client_config().map_err(cannot)?));
-            match &mut options {
-                Options::V4(o) => {
-                    o.set_transport(transport);
-                }
-                Options::V5(o) => {
-                    o.set_transport(transport);
-                }
-            }
+            options.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(
+                tls.client_config().map_err(cannot)?,
+            )));
         }
         if let Some((user, path)) = &self.password_file
             && !crate::mutant::active("credential-files-read-once")
         {
-            let password = read_password(path).map_err(cannot)?;
-            match &mut options {
-                Options::V4(o) => {
-                    o.set_credentials(user, password);
-                }
-                Options::V5(o) => {
-                    o.set_credentials(user, password);
-                }
-            }
+            options.set_credentials(user, read_password(path).map_err(cannot)?);
         }
         let mut renew = None;
         let mut expires = None;
@@ -303,14 +288,7 @@ impl SessionOptions {
                 true => first_token(&signed.password),
                 false => signed.password,
             };
-            match &mut options {
-                Options::V4(o) => {
-                    o.set_credentials(signed.username, password);
-                }
-                Options::V5(o) => {
-                    o.set_credentials(signed.username, password);
-                }
-            }
+            options.set_credentials(signed.username, password);
         }
         let (client, connection) = match options {
             Options::V4(o) => {
@@ -335,6 +313,31 @@ impl SessionOptions {
             renew,
             expires,
         })
+    }
+}
+
+impl Options {
+    /// What a connection made now needs that `SessionOptions::new` could not fix for good.
+    fn set_transport(&mut self, transport: Transport) {
+        match self {
+            Options::V4(o) => {
+                o.set_transport(transport);
+            }
+            Options::V5(o) => {
+                o.set_transport(transport);
+            }
+        }
+    }
+
+    fn set_credentials(&mut self, username: impl Into<String>, password: impl Into<String>) {
+        match self {
+            Options::V4(o) => {
+                o.set_credentials(username, password);
+            }
+            Options::V5(o) => {
+                o.set_credentials(username, password);
+            }
+        }
     }
 }
 
