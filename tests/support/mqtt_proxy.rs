@@ -827,13 +827,20 @@ fn parse_connect(packet: &[u8]) -> Option<Connect> {
 
 /// Closes connection `id` when its credential expires at `at`, counting it.
 fn close_at_expiry(shared: &Arc<Shared>, id: u64, at: std::time::SystemTime) {
+    let after = at
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    close_later(shared, id, after, "expiry", |st| st.expired_closes += 1);
+}
+
+/// Closes connection `id` once `after` has passed, on a thread of its own (joined with the
+/// proxy), and then calls `closed` if it was still open. Ends early when the connection is gone
+/// or the proxy stops.
+fn close_later(shared: &Arc<Shared>, id: u64, after: Duration, what: &str, closed: fn(&mut State)) {
     let s = shared.clone();
     let spawned = thread::Builder::new()
-        .name(format!("mqtt-proxy-{id}-expiry"))
+        .name(format!("mqtt-proxy-{id}-{what}"))
         .spawn(move || {
-            let after = at
-                .duration_since(std::time::SystemTime::now())
-                .unwrap_or_default();
             let deadline = Instant::now() + after;
             let mut st = s.lock();
             while !st.shutdown && st.conns.contains_key(&id) {
@@ -847,9 +854,14 @@ fn close_at_expiry(shared: &Arc<Shared>, id: u64, at: std::time::SystemTime) {
                     .unwrap_or_else(|e| e.into_inner())
                     .0;
             }
-            let expired = st.conns.get_mut(&id).filter(|c| !c.closed).map(Conn::close);
-            if expired.is_some() {
-                st.expired_closes += 1;
+            if st
+                .conns
+                .get_mut(&id)
+                .filter(|c| !c.closed)
+                .map(Conn::close)
+                .is_some()
+            {
+                closed(&mut st);
             }
             drop(st);
             s.changed.notify_all();
@@ -878,32 +890,8 @@ fn schedule_drop(shared: &Arc<Shared>, id: u64, event: Trigger) {
         shared.changed.notify_all();
         return;
     }
-    let s = shared.clone();
-    if let Ok(t) = thread::Builder::new()
-        .name(format!("mqtt-proxy-{id}-drop"))
-        .spawn(move || {
-            let deadline = Instant::now() + after;
-            let mut st = s.lock();
-            while !st.shutdown {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                st = s
-                    .changed
-                    .wait_timeout(st, left)
-                    .unwrap_or_else(|e| e.into_inner())
-                    .0;
-            }
-            if let Some(c) = st.conns.get_mut(&id) {
-                c.close();
-            }
-            drop(st);
-            s.changed.notify_all();
-        })
-    {
-        st.threads.push(t);
-    }
+    drop(st);
+    close_later(shared, id, after, "drop", |_| {});
 }
 
 fn close_conn(shared: &Shared, id: u64) {
