@@ -57,6 +57,9 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // Certificate, key, CA and password files are read once, when the settings are made: a
     // rotated credential is never used until a restart.
     ("credential-files-read-once", "tests/credentials_rotate.rs"),
+    // The shared session of single-session mode starts clean: the broker forgets its
+    // subscription between connections, and a command sent while the device is offline is lost.
+    ("single-session-clean", "tests/single_session.rs"),
     // A retried outgoing dead letter goes back in lane 0, with no lifetime, not evictable.
     ("retry-loses-settings", "tests/outbox_dead_letter_retry.rs"),
     // Receiving verifies with the handle's own keys only, not the file's: a keyless handle (the

@@ -61,6 +61,7 @@ pub struct RelayConfig {
     pub(crate) poison_disconnects: u32,
     pub(crate) commands: Option<String>,
     pub(crate) commands_client_id: Option<String>,
+    pub(crate) single_session: bool,
     pub(crate) max_command_bytes: usize,
     pub(crate) command_read_limit: usize,
     pub(crate) retained_commands: bool,
@@ -94,6 +95,7 @@ impl RelayConfig {
             poison_disconnects: 3,
             commands: None,
             commands_client_id: None,
+            single_session: false,
             max_command_bytes: 64 * 1024,
             command_read_limit: 16 * 1024 * 1024,
             retained_commands: false,
@@ -238,7 +240,8 @@ impl RelayConfig {
 
     /// Receive commands on this topic filter, in a second, persistent session (`clean_session =
     /// false`) whose client id is the main one plus `-commands`, unless set with
-    /// [`commands_client_id`](Self::commands_client_id). [`Relay::start`](crate::Relay::start) checks the filter
+    /// [`commands_client_id`](Self::commands_client_id), or in the publishing session itself
+    /// with [`single_session`](Self::single_session). [`Relay::start`](crate::Relay::start) checks the filter
     /// against MQTT's rules (`+` and `#` as whole levels, `#` last, no control characters, at
     /// most 65,535 bytes) and fails with [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming the rule.
     pub fn commands(mut self, filter: impl Into<String>) -> Self {
@@ -361,10 +364,42 @@ impl RelayConfig {
         self
     }
 
-    /// The command session's client id.
+    /// The command session's client id (not used in [single-session](Self::single_session)
+    /// mode, where commands arrive on the main client id).
     pub fn commands_client_id(mut self, id: impl Into<String>) -> Self {
         self.commands_client_id = Some(id.into());
         self
+    }
+
+    /// One MQTT session per device: publishing and [`commands`](Self::commands) share one
+    /// persistent session on the main client id, instead of a second session as
+    /// `<id>-commands`. For brokers that take one connection per device identity (Azure IoT
+    /// Hub) or whose policies pin the client id to the device (AWS IoT Core).
+    ///
+    /// Every guarantee holds as with two sessions: a row is marked sent only on its PUBACK, a
+    /// command is acknowledged only once its inbox row commits, and after a reconnect
+    /// publishing resumes at the oldest unacknowledged row. The session is persistent
+    /// (`clean_session = false`, or a session that never expires under MQTT 5), so the broker
+    /// queues commands while the device is offline. What changes: storing a command holds up
+    /// the connection's other traffic for that moment (PUBACKs are read after it), and a
+    /// connection lost for either reason is lost for both.
+    ///
+    /// ```
+    /// use edge_outbox::{MqttConfig, RelayConfig};
+    /// let config = RelayConfig::new(MqttConfig::new("broker.example", 8883).client_id("pump-17"))
+    ///     .commands("devices/pump-17/commands/#")
+    ///     .single_session(true);
+    /// assert!(config.check().is_ok());
+    /// ```
+    pub fn single_session(mut self, on: bool) -> Self {
+        self.single_session = on;
+        self
+    }
+
+    /// Whether publishing and commands share one session (see
+    /// [`single_session`](Self::single_session)).
+    pub fn is_single_session(&self) -> bool {
+        self.single_session
     }
 
     /// The broker settings.
@@ -409,11 +444,11 @@ impl RelayConfig {
         }
         if let Some(filter) = &self.commands {
             validate_filter(filter)?;
-            if self.mqtt.sas().is_some() {
+            if self.mqtt.sas().is_some() && !self.single_session {
                 return Err(Error::InvalidConfig(
-                    "commands with a SAS key: Azure IoT Hub takes one connection per device id, and \
-                     the command session needs a second one (a single-session mode is not yet \
-                     available): leave commands unset"
+                    "commands with a SAS key need single-session mode: Azure IoT Hub takes one \
+                     connection per device id, and a separate command session would be a second \
+                     one (set single_session, or --single-session)"
                         .into(),
                 ));
             }
@@ -456,7 +491,11 @@ impl RelayConfig {
         Ok(())
     }
 
+    /// The client id commands arrive on: the main one in single-session mode.
     pub(crate) fn commands_client(&self) -> String {
+        if self.single_session {
+            return self.mqtt.id().to_owned();
+        }
         self.commands_client_id
             .clone()
             .unwrap_or_else(|| format!("{}-commands", self.mqtt.id()))

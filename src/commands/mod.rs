@@ -9,4 +9,4 @@ mod session;
 pub(crate) use delivery::DeliveryLimits;
 pub(crate) use handler::{Handler, TwoPhase, run_handler};
 pub use send::send_command;
-pub(crate) use session::CommandSession;
+pub(crate) use session::{CommandSession, Intake};

@@ -8,6 +8,10 @@
 //! connection has its own client, so an ack never reaches a newer connection (MQTT-4.6.0-2).
 //! Storing never waits on application code; applying is a separate step.
 //!
+//! In single-session mode ([`RelayConfig::single_session`](crate::RelayConfig::single_session))
+//! the same [`Intake`] runs inside the publishing session's connection thread instead: it takes
+//! the deliveries and the subscription's answer, and everything else goes on to the publisher.
+//!
 //! A subscription the broker refuses (an ACL, a filter it does not support) is an error the
 //! operator sees, in the log and in [`Status::last_error`](crate::Status::last_error), not a
 //! silent absence of commands. A delivery up to the read limit is taken, one above the delivery
@@ -29,75 +33,23 @@ use crate::mqtt::status::{Source, StatusCell};
 use crate::mqtt::{MqttClient, SessionOptions};
 use crate::store::{Options, Received};
 
+/// A command session of its own: its own client id and connection thread.
 pub(crate) struct CommandSession {
-    pub conn: Connection,
-    pub options: Options,
+    pub intake: Intake,
     pub mqtt: SessionOptions,
     pub handle: Arc<SessionHandle>,
-    pub filter: String,
-    pub arrivals: Sender<()>,
-    pub stop: Receiver<()>,
-    pub status: Arc<StatusCell>,
     pub backoff: Backoff,
-    pub limits: DeliveryLimits,
 }
 
 impl CommandSession {
     pub(crate) fn run(self) -> Result<()> {
         let CommandSession {
-            conn,
-            options,
+            mut intake,
             mqtt,
             handle,
-            filter,
-            arrivals,
-            stop,
-            status,
             backoff,
-            limits,
         } = self;
-        let mut store_backoff = backoff.clone();
-        let mut client: Option<MqttClient> = None;
-        let mut unstored: Vec<Box<Delivery>> = Vec::new();
-        let mut store = |delivery: &Delivery| -> Result<Flow> {
-            let (topic, retain) = (delivery.topic.as_str(), delivery.retain);
-            let received = loop {
-                match delivery::handle(&conn, &options, limits, topic, &delivery.payload, retain) {
-                    Ok(r) => {
-                        status.clear_error(Source::Storing);
-                        break r;
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, topic = %delivery.topic, "could not store a command; retrying");
-                        status.set_error(Source::Storing, format!("storing a command: {e}"));
-                        if stop.recv_timeout(store_backoff.next_delay())
-                            != Err(crossbeam_channel::RecvTimeoutError::Timeout)
-                        {
-                            // Shutting down: leave it unacknowledged; the broker redelivers.
-                            return Ok(Flow::Stop);
-                        }
-                    }
-                }
-            };
-            store_backoff.reset();
-            match &received {
-                Handled::Received(Received::Stored(id)) => {
-                    tracing::debug!(%id, topic = %delivery.topic, "command stored");
-                    status.on_command(false);
-                    let _ = arrivals.try_send(());
-                }
-                Handled::Received(Received::Duplicate(id)) => {
-                    tracing::debug!(%id, "duplicate command delivery ignored");
-                    status.on_command(true);
-                }
-                Handled::Received(Received::DeadLettered { .. }) => status.on_malformed(),
-                Handled::IgnoredRetained => {
-                    tracing::info!(topic = %delivery.topic, "retained command delivery ignored");
-                    status.on_retained_ignored();
-                }
-            }
-            Ok(Flow::Continue)
-        };
+        let stop = intake.stop.clone();
         let driver = Driver {
             name: "command session",
             options: &mqtt,
@@ -105,96 +57,179 @@ impl CommandSession {
             stop: &stop,
             backoff,
         };
-        driver.run(|signal| {
-            match signal {
-                Signal::Connected(link) => {
-                    tracing::debug!(session_present = link.granted.session_present, %filter, "command session connected");
-                    if link.client.try_subscribe(&filter).is_err() {
-                        tracing::error!("could not queue the command subscription");
-                        return Ok(Flow::Reconnect(Cause::new(
-                            CauseKind::Retry,
-                            "could not queue the command subscription",
-                        )));
-                    }
-                    client = Some(link.client);
+        driver.run(|signal| intake.on_signal(&signal))?;
+        intake.status.set_commands_connected(false);
+        Ok(())
+    }
+}
+
+/// The receiving side of commands, for whichever session carries them: subscribes on every new
+/// connection, stores each delivery, and acknowledges it once stored.
+pub(crate) struct Intake {
+    pub conn: Connection,
+    pub options: Options,
+    pub filter: String,
+    pub arrivals: Sender<()>,
+    pub stop: Receiver<()>,
+    pub status: Arc<StatusCell>,
+    /// Between attempts to store a command the database refused.
+    pub store_backoff: Backoff,
+    pub limits: DeliveryLimits,
+    /// The current connection's client: acks go out on it only.
+    pub client: Option<MqttClient>,
+    /// (Mutant only) deliveries acknowledged before they were stored.
+    pub unstored: Vec<Delivery>,
+}
+
+impl Intake {
+    /// Acts on one signal of the session. Signals that are not about commands are left alone
+    /// (see [`takes`](Self::takes)).
+    pub(crate) fn on_signal(&mut self, signal: &Signal) -> Result<Flow> {
+        match signal {
+            Signal::Connected(link) => {
+                tracing::debug!(session_present = link.granted.session_present, filter = %self.filter, "command session connected");
+                if link.client.try_subscribe(&self.filter).is_err() {
+                    tracing::error!("could not queue the command subscription");
+                    return Ok(Flow::Reconnect(Cause::new(
+                        CauseKind::Retry,
+                        "could not queue the command subscription",
+                    )));
                 }
-                Signal::Event(Event::SubAck(results)) => {
-                    let refused: Vec<String> = results
-                        .iter()
-                        .filter_map(|r| match r {
-                            SubResult::Refused(code) => Some(format!("0x{code:02X} {}", reason_name(*code))),
-                            SubResult::Granted => None,
-                        })
-                        .collect();
-                    if refused.is_empty() {
-                        // Ready: connected and subscribed.
-                        status.set_commands_connected(true);
-                    } else {
-                        let error = format!(
-                            "the broker refused the command subscription {filter:?} ({}): no command \
-                             will arrive; check the broker's ACL for this client",
-                            refused.join(", ")
-                        );
-                        tracing::error!("{error}");
-                        status.set_commands_connected(false);
-                        status.set_error(Source::Commands, error);
-                    }
+                self.client = Some(link.client.clone());
+            }
+            Signal::Event(Event::SubAck(results)) => self.on_suback(results),
+            Signal::Event(Event::Delivery(delivery)) if crate::mutant::active("ack-before-commit") => {
+                // Broken on purpose: acknowledged now, stored once the ack is on the wire. A
+                // crash in between loses the command.
+                if let Some(c) = self.client.as_ref() {
+                    let _ = c.try_ack(delivery);
                 }
-                Signal::Event(Event::Delivery(delivery)) if crate::mutant::active("ack-before-commit") => {
-                    // Broken on purpose: acknowledged now, stored once the ack is on the wire. A
-                    // crash in between loses the command.
-                    if let Some(c) = client.as_ref() {
-                        let _ = c.try_ack(&delivery);
-                    }
-                    unstored.push(delivery);
+                self.unstored.push(Delivery::clone(delivery));
+            }
+            Signal::Event(Event::AckSent(pkid)) if !self.unstored.is_empty() => {
+                if let Some(i) = self.unstored.iter().position(|d| d.pkid() == *pkid) {
+                    let delivery = self.unstored.remove(i);
+                    crate::failpoint::hit("command-stored-before-ack");
+                    return self.store(&delivery);
                 }
-                Signal::Event(Event::AckSent(pkid)) if !unstored.is_empty() => {
-                    if let Some(i) = unstored.iter().position(|d| d.pkid() == pkid) {
-                        let delivery = unstored.remove(i);
-                        crate::failpoint::hit("command-stored-before-ack");
-                        if store(&delivery)? == Flow::Stop {
-                            return Ok(Flow::Stop);
-                        }
-                    }
+            }
+            // Acknowledged on the wire: the broker will not send it again.
+            Signal::Event(Event::AckSent(_)) => crate::failpoint::hit("command-acked"),
+            Signal::Event(Event::Delivery(delivery)) => {
+                // Store first; until it is stored the delivery is not acknowledged, and neither
+                // is anything after it (acks go in order).
+                if self.store(delivery)? == Flow::Stop {
+                    return Ok(Flow::Stop);
                 }
-                // Acknowledged on the wire: the broker will not send it again.
-                Signal::Event(Event::AckSent(_)) => crate::failpoint::hit("command-acked"),
-                Signal::Event(Event::Delivery(delivery)) => {
-                    // Store first; until it is stored the delivery is not acknowledged, and
-                    // neither is anything after it (acks go in order).
-                    if store(&delivery)? == Flow::Stop {
+                crate::failpoint::hit("command-stored-before-ack");
+                let acked = self.client.as_ref().is_some_and(|c| c.try_ack(delivery).is_ok());
+                if !acked {
+                    // Without this ack no later one may be sent: start a new connection and let
+                    // the broker redeliver (the inbox recognises the duplicate).
+                    tracing::warn!("could not queue a command ack; reconnecting");
+                    return Ok(Flow::Reconnect(Cause::new(
+                        CauseKind::Retry,
+                        "could not queue a command acknowledgement",
+                    )));
+                }
+            }
+            Signal::Event(_) => {}
+            Signal::Disconnected(cause) => {
+                // (Mutant only) acks that never reached the wire: store what they were for.
+                for delivery in std::mem::take(&mut self.unstored) {
+                    if self.store(&delivery)? == Flow::Stop {
                         return Ok(Flow::Stop);
                     }
-                    crate::failpoint::hit("command-stored-before-ack");
-                    let acked = client.as_ref().is_some_and(|c| c.try_ack(&delivery).is_ok());
-                    if !acked {
-                        // Without this ack no later one may be sent: start a new connection
-                        // and let the broker redeliver (the inbox recognises the duplicate).
-                        tracing::warn!("could not queue a command ack; reconnecting");
-                        return Ok(Flow::Reconnect(Cause::new(
-                            CauseKind::Retry,
-                            "could not queue a command acknowledgement",
-                        )));
-                    }
                 }
-                Signal::Event(_) => {}
-                Signal::Disconnected(cause) => {
-                    // (Mutant only) acks that never reached the wire: store what they were for.
-                    for delivery in std::mem::take(&mut unstored) {
-                        if store(&delivery)? == Flow::Stop {
-                            return Ok(Flow::Stop);
-                        }
-                    }
-                    client = None;
-                    status.set_commands_connected(false);
-                    if cause.kind != crate::mqtt::event::CauseKind::Renew {
-                        status.set_error(Source::Commands, format!("command session: {cause}"));
+                self.client = None;
+                self.status.set_commands_connected(false);
+                if cause.kind != CauseKind::Renew {
+                    self.status
+                        .set_error(Source::Commands, format!("command session: {cause}"));
+                }
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// Whether a signal is the intake's alone: a shared session gives the publisher the rest.
+    pub(crate) fn takes(signal: &Signal) -> bool {
+        matches!(
+            signal,
+            Signal::Event(Event::SubAck(_) | Event::Delivery(_) | Event::AckSent(_))
+        )
+    }
+
+    fn on_suback(&self, results: &[SubResult]) {
+        let refused: Vec<String> = results
+            .iter()
+            .filter_map(|r| match r {
+                SubResult::Refused(code) => Some(format!("0x{code:02X} {}", reason_name(*code))),
+                SubResult::Granted => None,
+            })
+            .collect();
+        if refused.is_empty() {
+            // Ready: connected and subscribed.
+            self.status.set_commands_connected(true);
+        } else {
+            let error = format!(
+                "the broker refused the command subscription {:?} ({}): no command will arrive; \
+                 check the broker's ACL for this client",
+                self.filter,
+                refused.join(", ")
+            );
+            tracing::error!("{error}");
+            self.status.set_commands_connected(false);
+            self.status.set_error(Source::Commands, error);
+        }
+    }
+
+    /// Stores one delivery, retrying the database until it takes it or the relay stops.
+    fn store(&mut self, delivery: &Delivery) -> Result<Flow> {
+        let (topic, retain) = (delivery.topic.as_str(), delivery.retain);
+        let received = loop {
+            match delivery::handle(
+                &self.conn,
+                &self.options,
+                self.limits,
+                topic,
+                &delivery.payload,
+                retain,
+            ) {
+                Ok(r) => {
+                    self.status.clear_error(Source::Storing);
+                    break r;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, topic = %delivery.topic, "could not store a command; retrying");
+                    self.status
+                        .set_error(Source::Storing, format!("storing a command: {e}"));
+                    if self.stop.recv_timeout(self.store_backoff.next_delay())
+                        != Err(crossbeam_channel::RecvTimeoutError::Timeout)
+                    {
+                        // Shutting down: leave it unacknowledged; the broker redelivers.
+                        return Ok(Flow::Stop);
                     }
                 }
             }
-            Ok(Flow::Continue)
-        })?;
-        status.set_commands_connected(false);
-        Ok(())
+        };
+        self.store_backoff.reset();
+        match &received {
+            Handled::Received(Received::Stored(id)) => {
+                tracing::debug!(%id, topic = %delivery.topic, "command stored");
+                self.status.on_command(false);
+                let _ = self.arrivals.try_send(());
+            }
+            Handled::Received(Received::Duplicate(id)) => {
+                tracing::debug!(%id, "duplicate command delivery ignored");
+                self.status.on_command(true);
+            }
+            Handled::Received(Received::DeadLettered { .. }) => self.status.on_malformed(),
+            Handled::IgnoredRetained => {
+                tracing::info!(topic = %delivery.topic, "retained command delivery ignored");
+                self.status.on_retained_ignored();
+            }
+        }
+        Ok(Flow::Continue)
     }
 }

@@ -28,6 +28,9 @@ pub(crate) enum Role {
     /// inbox dead-letters what is above its own, smaller, limit, so an oversized command never
     /// wedges the session). [`subscribe`](super::subscribe) uses it too, `persistent` or not.
     Commands { read_limit: usize, persistent: bool },
+    /// Both in one session (single-session mode): the publisher's window and last will, and
+    /// the command session's persistence, manual acks and read limit.
+    Device { max_in_flight: u16, read_limit: usize },
 }
 
 impl Role {
@@ -36,6 +39,27 @@ impl Role {
         match self {
             Role::Publisher { .. } => true,
             Role::Commands { persistent, .. } => !persistent,
+            // (The mutant forgets the session between connections: commands sent while the
+            // device is offline are lost.)
+            Role::Device { .. } => crate::mutant::active("single-session-clean"),
+        }
+    }
+
+    /// The publishing window, for a session that publishes the outbox.
+    fn window(self) -> Option<u16> {
+        match self {
+            Role::Publisher { max_in_flight } | Role::Device { max_in_flight, .. } => {
+                Some(max_in_flight.max(1))
+            }
+            Role::Commands { .. } => None,
+        }
+    }
+
+    /// The largest packet read, for a session that receives commands (with manual acks).
+    fn reads(self) -> Option<usize> {
+        match self {
+            Role::Commands { read_limit, .. } | Role::Device { read_limit, .. } => Some(read_limit),
+            Role::Publisher { .. } => None,
         }
     }
 }
@@ -90,16 +114,14 @@ impl SessionOptions {
             None => None,
         };
         let connect_secs = config.connect_timeout_value().as_secs().max(1);
-        let request_capacity = match role {
-            // Room for the whole window plus the status message and a disconnect, so a
-            // non-blocking publish never fails for lack of room while the connection is up.
-            Role::Publisher { max_in_flight } => usize::from(max_in_flight) + 16,
-            // Room for an ack per delivery the broker can have unacknowledged on one connection
-            // (packet ids are 16 bits): rumqttc sends one queued request per turn of its loop but
-            // reads up to ten packets in one, so acks queue up while a backlog streams in, and a
-            // full channel would force a reconnect (and the broker to start over).
-            Role::Commands { .. } => usize::from(u16::MAX) + 16,
-        };
+        // Room for the whole window plus the status message and a disconnect, so a non-blocking
+        // publish never fails for lack of room while the connection is up. And room for an ack
+        // per delivery the broker can have unacknowledged on one connection (packet ids are 16
+        // bits): rumqttc sends one queued request per turn of its loop but reads up to ten
+        // packets in one, so acks queue up while a backlog streams in, and a full channel would
+        // force a reconnect (and the broker to start over).
+        let request_capacity =
+            usize::from(role.window().unwrap_or(0)) + role.reads().map_or(0, |_| usize::from(u16::MAX)) + 16;
         let mut all = Vec::new();
         for (host, port) in config.brokers() {
             let options = match config.version() {
@@ -119,22 +141,17 @@ impl SessionOptions {
                     {
                         o.set_proxy(proxy.rumqttc());
                     }
-                    match role {
-                        Role::Publisher { max_in_flight } => {
-                            o.set_max_packet_size(config.packet_limit(), config.packet_limit())
-                                .set_inflight(max_in_flight.max(1));
-                            if let Some(topic) = config.status() {
-                                o.set_last_will(rumqttc::LastWill::new(
-                                    topic,
-                                    "offline",
-                                    QoS::AtLeastOnce,
-                                    true,
-                                ));
-                            }
-                        }
-                        Role::Commands { read_limit, .. } => {
-                            o.set_max_packet_size(read_limit, config.packet_limit())
-                                .set_manual_acks(true);
+                    // Incoming: the command read limit where commands arrive, else our own
+                    // limit (the broker only sends acknowledgements).
+                    o.set_max_packet_size(
+                        role.reads().unwrap_or(config.packet_limit()),
+                        config.packet_limit(),
+                    )
+                    .set_manual_acks(role.reads().is_some());
+                    if let Some(window) = role.window() {
+                        o.set_inflight(window);
+                        if let Some(topic) = config.status() {
+                            o.set_last_will(rumqttc::LastWill::new(topic, "offline", QoS::AtLeastOnce, true));
                         }
                     }
                     Options::V4(Box::new(o))
@@ -170,36 +187,31 @@ impl SessionOptions {
                     {
                         o.set_proxy(proxy.rumqttc());
                     }
-                    match role {
-                        Role::Publisher { max_in_flight } => {
-                            // Our own incoming limit (the broker only sends acknowledgements here),
-                            // and rumqttc's in-flight cap; the broker's receive maximum lowers it.
-                            o.set_max_packet_size(Some(packet_u32(config.packet_limit())))
-                                .set_outgoing_inflight_upper_limit(max_in_flight.max(1));
-                            if let Some(topic) = config.status() {
-                                o.set_last_will(v5p::LastWill::new(
-                                    topic,
-                                    "offline",
-                                    v5_qos(QoS::AtLeastOnce),
-                                    true,
-                                    None,
-                                ));
-                            }
+                    o.set_max_packet_size(Some(packet_u32(role.reads().unwrap_or(config.packet_limit()))))
+                        .set_manual_acks(role.reads().is_some());
+                    if let Some(window) = role.window() {
+                        // rumqttc's in-flight cap; the broker's receive maximum lowers it.
+                        o.set_outgoing_inflight_upper_limit(window);
+                        if let Some(topic) = config.status() {
+                            o.set_last_will(v5p::LastWill::new(
+                                topic,
+                                "offline",
+                                v5_qos(QoS::AtLeastOnce),
+                                true,
+                                None,
+                            ));
                         }
-                        Role::Commands {
-                            read_limit,
-                            persistent,
-                        } => {
-                            // A persistent session under MQTT 5 needs an expiry: without one it ends
-                            // with the connection and the broker keeps nothing while we are offline.
-                            // u32::MAX: never expires, as a 3.1.1 persistent session.
-                            o.set_session_expiry_interval(persistent.then_some(u32::MAX))
-                                .set_max_packet_size(Some(packet_u32(read_limit)))
-                                .set_manual_acks(true);
-                            let mut net = o.network_options();
-                            net.set_tcp_nodelay(true);
-                            o.set_network_options(net);
-                        }
+                    }
+                    // A persistent session under MQTT 5 needs an expiry: without one it ends with
+                    // the connection and the broker keeps nothing while we are offline. u32::MAX:
+                    // never expires, as a 3.1.1 persistent session.
+                    if !role.clean() {
+                        o.set_session_expiry_interval(Some(u32::MAX));
+                    }
+                    if role.reads().is_some() {
+                        let mut net = o.network_options();
+                        net.set_tcp_nodelay(true);
+                        o.set_network_options(net);
                     }
                     Options::V5(Box::new(o))
                 }
@@ -212,7 +224,7 @@ impl SessionOptions {
             endpoints: config.endpoints(),
             request_capacity,
             connect_secs,
-            commands: matches!(role, Role::Commands { .. }),
+            commands: role.reads().is_some(),
             // Settings given as text are built once, above: only files can change.
             tls: config.tls_value().filter(|tls| tls.reads_files()).cloned(),
             password_file: config

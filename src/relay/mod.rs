@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use self::reporter::Reporter;
-use crate::commands::{CommandSession, DeliveryLimits, Handler, TwoPhase, run_handler};
+use crate::commands::{CommandSession, DeliveryLimits, Handler, Intake, TwoPhase, run_handler};
 use crate::error::{Error, Result};
 use crate::mqtt::backoff::Backoff;
 use crate::mqtt::driver::{Driver, Flow, SessionHandle, Signal};
@@ -135,15 +135,20 @@ impl Relay {
         config.validate()?;
         // validate() keeps max_in_flight within 1..=65535.
         let window = u16::try_from(config.max_in_flight).unwrap_or(u16::MAX);
-        let publish_options = SessionOptions::new(
-            &config.mqtt,
-            config.mqtt.id(),
+        let shared = config.single_session && config.commands.is_some();
+        let publish_role = if shared {
+            Role::Device {
+                max_in_flight: window,
+                read_limit: config.command_read_limit,
+            }
+        } else {
             Role::Publisher {
                 max_in_flight: window,
-            },
-        )?;
+            }
+        };
+        let publish_options = SessionOptions::new(&config.mqtt, config.mqtt.id(), publish_role)?;
         let command_options = match &config.commands {
-            Some(_) => Some(SessionOptions::new(
+            Some(_) if !shared => Some(SessionOptions::new(
                 &config.mqtt,
                 &config.commands_client(),
                 Role::Commands {
@@ -151,7 +156,7 @@ impl Relay {
                     persistent: true,
                 },
             )?),
-            None => None,
+            _ => None,
         };
         let lock = RelayLock::acquire(outbox.path())?;
         let relay_conn = connect(outbox.path(), outbox.options())?;
@@ -188,8 +193,15 @@ impl Relay {
         let backoff = Backoff::new(config.backoff_min, config.backoff_max);
         let endpoints = config.mqtt.endpoints().join(", ");
 
+        // Commands: stored by an intake, in a session of their own or in the publishing one.
+        let (arrivals_tx, arrivals_rx) = crossbeam_channel::bounded(1);
+        let mut intake = match &config.commands {
+            Some(filter) => Some(relay.intake(outbox, &config, filter, arrivals_tx, &stop_rx, &backoff)?),
+            None => None,
+        };
+
         // Publishing session: one thread drives the connections, one feeds them rows, one marks
-        // acks.
+        // acks. In single-session mode the connection thread also stores commands.
         let session = Arc::new(SessionHandle::default());
         relay.publish_session = Some(session.clone());
         let (events_tx, events_rx) = crossbeam_channel::unbounded();
@@ -197,15 +209,33 @@ impl Relay {
             let stop = stop_rx.clone();
             let backoff = backoff.clone();
             let session = session.clone();
+            let mut intake = if shared { intake.take() } else { None };
             relay.spawn_thread("edge-outbox-mqtt", move || {
                 let driver = Driver {
-                    name: "relay",
+                    name: if intake.is_some() {
+                        "relay (with commands)"
+                    } else {
+                        "relay"
+                    },
                     options: &publish_options,
                     handle: &session,
                     stop: &stop,
                     backoff,
                 };
-                driver.run(|signal| forward(&events_tx, signal))
+                driver.run(|signal| match intake.as_mut() {
+                    Some(intake) => {
+                        let flow = intake.on_signal(&signal)?;
+                        if flow != Flow::Continue || Intake::takes(&signal) {
+                            return Ok(flow);
+                        }
+                        forward(&events_tx, signal)
+                    }
+                    None => forward(&events_tx, signal),
+                })?;
+                if let Some(intake) = intake {
+                    intake.status.set_commands_connected(false);
+                }
+                Ok(())
             })?;
         }
         let (marks_tx, marks_rx) = crossbeam_channel::unbounded();
@@ -258,47 +288,32 @@ impl Relay {
             relay.spawn_thread("edge-outbox-report", move || reporter.run())?;
         }
 
-        if let (Some(filter), Some(mqtt)) = (&config.commands, command_options) {
-            let (arrivals_tx, arrivals_rx) = crossbeam_channel::bounded(1);
+        if let (Some(intake), Some(mqtt)) = (intake, command_options) {
             let handle = Arc::new(SessionHandle::default());
             relay.command_session = Some(handle.clone());
-            let session_conn = connect(outbox.path(), outbox.options())?;
-            // A command is acknowledged once stored; under NORMAL a power cut could then erase it
-            // and the broker would never redeliver it. So this connection always syncs.
-            session_conn.pragma_update(None, "synchronous", "FULL")?;
             let session = CommandSession {
-                conn: session_conn,
-                options: outbox.options().clone(),
+                intake,
                 mqtt,
                 handle,
-                filter: filter.clone(),
-                arrivals: arrivals_tx,
-                stop: stop_rx.clone(),
-                status: status.clone(),
                 backoff,
-                limits: DeliveryLimits {
-                    max_bytes: config.max_command_bytes,
-                    accept_retained: config.retained_commands,
-                },
             };
             relay.spawn_thread("edge-outbox-commands", move || session.run())?;
-            if let Some(handler) = handler {
-                relay.spawn_handler(outbox, handler, arrivals_rx, handler_changes, &stop_rx)?;
-            }
-        } else if let Some(handler) = handler {
-            // No command session in this process: apply what others store (SQL contract).
-            relay.spawn_handler(
-                outbox,
-                handler,
-                crossbeam_channel::never(),
-                handler_changes,
-                &stop_rx,
-            )?;
+        }
+        if let Some(handler) = handler {
+            // Without commands in this process, the handler applies what others store (SQL
+            // contract).
+            let arrivals = if config.commands.is_some() {
+                arrivals_rx
+            } else {
+                crossbeam_channel::never()
+            };
+            relay.spawn_handler(outbox, handler, arrivals, handler_changes, &stop_rx)?;
         }
         tracing::info!(
             broker = %endpoints,
             protocol = %config.mqtt.version(),
             client_id = config.mqtt.id(),
+            single_session = shared,
             proxy = %proxy_label(&config.mqtt),
             credential = config.mqtt.credential_kind().as_deref().unwrap_or("none"),
             commands = ?config.commands,
@@ -306,6 +321,37 @@ impl Relay {
             "relay started"
         );
         Ok(relay)
+    }
+
+    /// The command intake: its own connection, which always syncs, since a command is
+    /// acknowledged once stored; under NORMAL a power cut could then erase it and the broker
+    /// would never redeliver it.
+    fn intake(
+        &self,
+        outbox: &Outbox,
+        config: &RelayConfig,
+        filter: &str,
+        arrivals: Sender<()>,
+        stop: &Receiver<()>,
+        backoff: &Backoff,
+    ) -> Result<Intake> {
+        let conn = connect(outbox.path(), outbox.options())?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        Ok(Intake {
+            conn,
+            options: outbox.options().clone(),
+            filter: filter.to_owned(),
+            arrivals,
+            stop: stop.clone(),
+            status: self.status.clone(),
+            store_backoff: backoff.clone(),
+            limits: DeliveryLimits {
+                max_bytes: config.max_command_bytes,
+                accept_retained: config.retained_commands,
+            },
+            client: None,
+            unstored: Vec::new(),
+        })
     }
 
     fn spawn_handler(

@@ -36,6 +36,8 @@ impl DeviceEnv {
     /// Set: every order goes on one topic, `orders/batched`, which the relay batches (with
     /// zlib and a short linger), so that batches form whatever the key.
     pub const BATCH: &'static str = "CRASH_DEVICE_BATCH";
+    /// Set: commands arrive on the publishing session (`RelayConfig::single_session`).
+    pub const SINGLE_SESSION: &'static str = "CRASH_DEVICE_SINGLE_SESSION";
     /// Set: publish without MQTT 5's message expiry interval (against rumqttd 0.20, whose 3.1.1
     /// listener, the orchestrator's subscriber, crashes on MQTT 5 properties).
     pub const NO_MESSAGE_EXPIRY: &'static str = "CRASH_DEVICE_NO_MESSAGE_EXPIRY";
@@ -140,6 +142,7 @@ pub fn run() -> Result<(), Error> {
     let mut config = config
         .commands(COMMAND_FILTER)
         .commands_client_id(COMMAND_CLIENT_ID)
+        .single_session(var(DeviceEnv::SINGLE_SESSION).is_some())
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(300));
     let batched = var(DeviceEnv::BATCH).is_some();
     if batched {

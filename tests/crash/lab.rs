@@ -13,7 +13,7 @@ use edge_outbox::{Envelope, MessageId, Published};
 use rumqttc::QoS;
 
 use super::checker::{self, SentCommand, Verdict};
-use super::device::{COMMAND_CLIENT_ID, COMMAND_FILTER, DeviceEnv};
+use super::device::{CLIENT_ID, COMMAND_CLIENT_ID, COMMAND_FILTER, DeviceEnv};
 use super::support::{Broker, ChildGuard, Proxy, Subscriber, WAIT, publish_raw};
 use super::writer::{WRITER_BASE, WriterEnv};
 
@@ -367,6 +367,19 @@ impl Lab {
     pub fn set_env(&mut self, name: &'static str, value: &str) {
         self.env.retain(|(k, _)| *k != name);
         self.env.push((name, value.to_owned()));
+    }
+
+    /// Commands arrive on the device's publishing session (single-session mode), which is made
+    /// persistent and subscribed here, as [`Lab::new`] does for the separate command session.
+    pub fn single_session(&mut self) {
+        self.set_env(DeviceEnv::SINGLE_SESSION, "1");
+        Subscriber::builder(self.broker.addr())
+            .client_id(CLIENT_ID)
+            .filter(COMMAND_FILTER)
+            .clean_session(false)
+            .start()
+            .expect("device's shared session")
+            .stop();
     }
 }
 

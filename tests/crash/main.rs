@@ -111,6 +111,17 @@ fn main() {
             scenarios::failpoint_batched(point, nth)
         });
     }
+    // One session for publishing and commands: the crash points where the two meet.
+    for (point, nth) in [
+        ("after-publish-before-puback", 100),
+        ("after-puback-before-mark", 100),
+        ("command-stored-before-ack", 2),
+        ("command-acked", 2),
+    ] {
+        run(&format!("failpoint_single_session_{point}"), &mut |_| {
+            scenarios::failpoint_single_session(point, nth)
+        });
+    }
     run("proxy_chaos", &mut scenarios::proxy_chaos);
     run("cuts_in_lanes_batched", &mut scenarios::cuts_in_lanes_batched);
     run("random_kills", &mut |rng| scenarios::random_kills(kills, rng));
@@ -119,6 +130,9 @@ fn main() {
     });
     run("random_kills_batched", &mut |rng| {
         scenarios::random_kills_batched(kills / 2, rng)
+    });
+    run("random_kills_single_session", &mut |rng| {
+        scenarios::random_kills_single_session(kills / 4, rng)
     });
     run("foreign_writers", &mut |rng| {
         scenarios::foreign_writers(kills / 5, rng)

@@ -44,17 +44,25 @@ const READY: Duration = Duration::from_secs(30);
 /// Arms one failpoint, lets the device crash there, restarts it and checks. With `keep_sent`,
 /// acknowledged rows are kept (moved to `outbox_sent`) instead of deleted.
 pub fn failpoint(name: &str, nth: u32, keep_sent: bool) -> Verdict {
-    failpoint_with(name, nth, keep_sent, false)
+    failpoint_with(name, nth, keep_sent, false, false)
+}
+
+/// As [`failpoint`], with commands arriving on the publishing session (single-session mode).
+pub fn failpoint_single_session(name: &str, nth: u32) -> Verdict {
+    failpoint_with(name, nth, false, false, true)
 }
 
 /// As [`failpoint`], with every order on one batched topic (`DeviceEnv::BATCH`): the crash falls
 /// between a batch's PUBACK and the marking of its rows, or inside that marking.
 pub fn failpoint_batched(name: &str, nth: u32) -> Verdict {
-    failpoint_with(name, nth, false, true)
+    failpoint_with(name, nth, false, true, false)
 }
 
-fn failpoint_with(name: &str, nth: u32, keep_sent: bool, batched: bool) -> Verdict {
+fn failpoint_with(name: &str, nth: u32, keep_sent: bool, batched: bool, single_session: bool) -> Verdict {
     let mut lab = Lab::new(Broker::start().expect("broker"), false, 400);
+    if single_session {
+        lab.single_session();
+    }
     if keep_sent {
         lab.env.push((DeviceEnv::KEEP_SENT, "1".into()));
     }
@@ -80,7 +88,11 @@ fn failpoint_with(name: &str, nth: u32, keep_sent: bool, batched: bool) -> Verdi
     lab.env.retain(|(k, _)| *k != DeviceEnv::COMMANDS);
     let retention = if keep_sent { "kept" } else { "deleted" };
     let batches = if batched { ", batched" } else { "" };
-    lab.finish(&format!("failpoint {name} (sent {retention}{batches})"), 1)
+    let sessions = if single_session { ", single session" } else { "" };
+    lab.finish(
+        &format!("failpoint {name} (sent {retention}{batches}{sessions})"),
+        1,
+    )
 }
 
 fn libc_sigabrt() -> i32 {
@@ -107,12 +119,18 @@ pub fn random_kills_batched(kills: usize, rng: &mut Rng) -> Verdict {
     random_kills_with(kills, rng, Variant::Batched)
 }
 
-/// Which of issue 13's options a random-kill run turns on.
+/// [`random_kills`] in single-session mode: publishing and commands on one persistent session.
+pub fn random_kills_single_session(kills: usize, rng: &mut Rng) -> Verdict {
+    random_kills_with(kills, rng, Variant::SingleSession)
+}
+
+/// Which option a random-kill run turns on.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Variant {
     Plain,
     Lanes,
     Batched,
+    SingleSession,
 }
 
 fn random_kills_with(kills: usize, rng: &mut Rng, variant: Variant) -> Verdict {
@@ -124,6 +142,7 @@ fn random_kills_with(kills: usize, rng: &mut Rng, variant: Variant) -> Verdict {
             lab.announced_removals = true;
         }
         Variant::Batched => lab.set_env(DeviceEnv::BATCH, "1"),
+        Variant::SingleSession => lab.single_session(),
     }
     let mut device = lab.start(None);
     assert!(device.wait_line("ready", READY), "device never became ready");
@@ -146,12 +165,13 @@ fn random_kills_with(kills: usize, rng: &mut Rng, variant: Variant) -> Verdict {
             Variant::Plain => "random SIGKILL (FULL and NORMAL)",
             Variant::Lanes => "random SIGKILL, lanes, coalescing, expiry, pace (FULL and NORMAL)",
             Variant::Batched => "random SIGKILL, batched (FULL and NORMAL)",
+            Variant::SingleSession => "random SIGKILL, single session (FULL and NORMAL)",
         },
         kills,
     );
     // A run whose option never took effect tested nothing of it.
     match variant {
-        Variant::Plain => {}
+        Variant::Plain | Variant::SingleSession => {}
         Variant::Lanes => assert!(
             verdict.announced > 0,
             "no order was coalesced or expired: the scenario tested nothing of them"

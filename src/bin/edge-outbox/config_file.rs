@@ -80,6 +80,8 @@ pub struct RelayFile {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub commands_client_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub single_session: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cert: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<PathBuf>,
@@ -348,6 +350,11 @@ pub fn merge(file: RelayFile, args: &mut RelayArgs, given: impl Fn(&str) -> bool
         file.commands_client_id.map(Some),
         given("commands_client_id"),
     );
+    take(
+        &mut args.single_session,
+        file.single_session,
+        given("single_session"),
+    );
     take(&mut args.cert, file.cert.map(Some), given("cert"));
     take(&mut args.key, file.key.map(Some), given("key"));
     take(
@@ -450,6 +457,7 @@ pub fn effective(args: &RelayArgs, db: &Path, busy_timeout: u64) -> RelayFile {
         src: Some(args.src.clone().or_else(|| args.client_id.clone())).flatten(),
         commands: args.commands.clone(),
         commands_client_id: args.commands_client_id.clone(),
+        single_session: args.commands.as_ref().map(|_| args.single_session),
         cert: args.cert.clone(),
         key: args.key.clone(),
         status_topic: args.status_topic.clone(),

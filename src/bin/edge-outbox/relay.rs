@@ -79,12 +79,22 @@ pub struct RelayArgs {
     /// client id]. Keep it stable: the cloud counts each source's messages (docs/wire-format.md).
     #[arg(long, value_name = "NAME")]
     pub src: Option<String>,
-    /// Receive commands on this topic filter into the inbox (a second, persistent session).
+    /// Receive commands on this topic filter into the inbox (a second, persistent session, or
+    /// the publishing one with --single-session).
     #[arg(long, value_name = "FILTER")]
     pub commands: Option<String>,
     /// Client id of the command session [default: <client-id>-commands].
-    #[arg(long, value_name = "ID", requires = "commands")]
+    #[arg(
+        long,
+        value_name = "ID",
+        requires = "commands",
+        conflicts_with = "single_session"
+    )]
     pub commands_client_id: Option<String>,
+    /// One session per device: commands arrive on the publishing session's client id (for
+    /// Azure IoT Hub, and AWS IoT policies that pin the client id).
+    #[arg(long, requires = "commands")]
+    pub single_session: bool,
     /// Client certificate chain (PEM) for mutual TLS (mqtts only; with --key).
     #[arg(long, value_name = "FILE", requires = "key")]
     pub cert: Option<PathBuf>,
@@ -404,6 +414,7 @@ pub fn config(args: &RelayArgs) -> Result<RelayConfig> {
     if let Some(id) = &args.commands_client_id {
         config = config.commands_client_id(id);
     }
+    config = config.single_session(args.single_session);
     if let Some(file) = &args.metrics_file {
         config = config.metrics_file(file);
     }
@@ -452,6 +463,12 @@ fn check_pairs(args: &RelayArgs) -> Result<()> {
             args.commands_client_id.is_some(),
             args.commands.is_some(),
             "commands-client-id",
+            "commands",
+        ),
+        (
+            args.single_session,
+            args.commands.is_some(),
+            "single-session",
             "commands",
         ),
         (
