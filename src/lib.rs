@@ -116,6 +116,7 @@
 mod batch_wire;
 mod batching;
 mod cbor;
+mod cloud_profile;
 mod commands;
 pub mod consumer;
 pub mod envelope;
@@ -147,6 +148,7 @@ pub use rusqlite;
 
 pub use batch_wire::BATCH_VERSION;
 pub use batching::{Batching, Compression, MAX_BATCH_BYTES};
+pub use cloud_profile::CloudProfile;
 pub use commands::send_command;
 pub use envelope::{Envelope, GapCause, GapNotice, MessageId, Published};
 pub use error::{Error, Result, SchemaMismatch};

@@ -60,6 +60,9 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // The shared session of single-session mode starts clean: the broker forgets its
     // subscription between connections, and a command sent while the device is offline is lost.
     ("single-session-clean", "tests/single_session.rs"),
+    // The relay publishes rows whose topic breaks its cloud profile's rules (written by a process
+    // without `Limits::cloud`): the cloud drops the connection over each, and the rest wait.
+    ("cloud-rules-unchecked", "tests/cloud_profiles.rs"),
     // A retried outgoing dead letter goes back in lane 0, with no lifetime, not evictable.
     ("retry-loses-settings", "tests/outbox_dead_letter_retry.rs"),
     // Receiving verifies with the handle's own keys only, not the file's: a keyless handle (the

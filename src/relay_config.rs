@@ -62,6 +62,7 @@ pub struct RelayConfig {
     pub(crate) commands: Option<String>,
     pub(crate) commands_client_id: Option<String>,
     pub(crate) single_session: bool,
+    pub(crate) cloud: Option<crate::CloudProfile>,
     pub(crate) max_command_bytes: usize,
     pub(crate) command_read_limit: usize,
     pub(crate) retained_commands: bool,
@@ -96,6 +97,7 @@ impl RelayConfig {
             commands: None,
             commands_client_id: None,
             single_session: false,
+            cloud: None,
             max_command_bytes: 64 * 1024,
             command_read_limit: 16 * 1024 * 1024,
             retained_commands: false,
@@ -396,6 +398,45 @@ impl RelayConfig {
         self
     }
 
+    /// Follow `profile`'s cloud: its connection settings ([`MqttConfig::cloud`], unless the
+    /// broker settings have them already), one session per device
+    /// ([`single_session`](Self::single_session)), and its in-flight cap where it has one. Those
+    /// are settings, and a later call replaces each. Its rules are checked, here and by the relay:
+    /// [`check`](Self::check) refuses a status topic or schema topic on a cloud that keeps no
+    /// retained messages (Azure IoT Hub) and an in-flight window above the cloud's cap, and the
+    /// relay dead-letters a row whose topic breaks the cloud's topic rules (written by a process
+    /// without [`Limits::cloud`](crate::Limits::cloud)), with the rule as the reason.
+    ///
+    /// ```
+    /// use edge_outbox::{CloudProfile, MqttConfig, RelayConfig};
+    /// let config = RelayConfig::new(MqttConfig::new("my-hub.azure-devices.net", 8883).client_id("pump-17"))
+    ///     .cloud(CloudProfile::AzureIotHub)
+    ///     .commands("devices/pump-17/messages/devicebound/#");
+    /// assert!(config.is_single_session() && config.check().is_ok());
+    /// let refused = RelayConfig::new(
+    ///     MqttConfig::new("my-hub.azure-devices.net", 8883).client_id("pump-17").status_topic("pumps/17/status"),
+    /// )
+    /// .cloud(CloudProfile::AzureIotHub)
+    /// .check();
+    /// assert!(refused.unwrap_err().to_string().contains("retained"));
+    /// ```
+    pub fn cloud(mut self, profile: crate::CloudProfile) -> Self {
+        if self.mqtt.cloud_profile() != Some(profile) {
+            self.mqtt = self.mqtt.cloud(profile);
+        }
+        self.cloud = Some(profile);
+        self.single_session = true;
+        if let Some(cap) = profile.max_in_flight() {
+            self.max_in_flight = self.max_in_flight.min(cap);
+        }
+        self
+    }
+
+    /// The cloud profile set with [`cloud`](Self::cloud), if any.
+    pub fn cloud_profile(&self) -> Option<crate::CloudProfile> {
+        self.cloud
+    }
+
     /// Whether publishing and commands share one session (see
     /// [`single_session`](Self::single_session)).
     pub fn is_single_session(&self) -> bool {
@@ -442,6 +483,13 @@ impl RelayConfig {
         if self.ack_timeout.is_zero() {
             return Err(Error::InvalidConfig("ack_timeout must be above zero".into()));
         }
+        if self.single_session && self.commands_client_id.is_some() {
+            return Err(Error::InvalidConfig(
+                "commands_client_id with single-session mode: commands arrive on the main client \
+                 id, so a command session's id has nothing to name"
+                    .into(),
+            ));
+        }
         if let Some(filter) = &self.commands {
             validate_filter(filter)?;
             if self.mqtt.sas().is_some() && !self.single_session {
@@ -455,6 +503,9 @@ impl RelayConfig {
         }
         for (filter, _) in &self.ttl {
             validate_filter(filter)?;
+        }
+        if let Some(cloud) = self.cloud {
+            self.validate_cloud(cloud)?;
         }
         #[cfg(feature = "schemas")]
         if let Some(topic) = &self.schema_topic {
@@ -487,6 +538,48 @@ impl RelayConfig {
                  command could not be read to be dead-lettered",
                 self.command_read_limit, self.max_command_bytes
             )));
+        }
+        Ok(())
+    }
+
+    /// The cloud's rules that settings alone can break.
+    fn validate_cloud(&self, cloud: crate::CloudProfile) -> Result<()> {
+        if let Some(cap) = cloud.max_in_flight()
+            && self.max_in_flight > cap
+        {
+            return Err(Error::InvalidConfig(format!(
+                "max_in_flight {} is above {}'s limit of {cap} unacknowledged messages per client",
+                self.max_in_flight,
+                cloud.cloud()
+            )));
+        }
+        #[cfg(feature = "schemas")]
+        let schema_topic = self.schema_topic.is_some();
+        #[cfg(not(feature = "schemas"))]
+        let schema_topic = false;
+        if !cloud.retains() && (self.mqtt.status().is_some() || schema_topic) {
+            return Err(Error::InvalidConfig(format!(
+                "{} keeps no retained messages, which the status topic and the schema topic are: \
+                 leave them unset with profile {cloud}",
+                cloud.cloud()
+            )));
+        }
+        if cloud == crate::CloudProfile::AzureEventGrid
+            && !self
+                .mqtt
+                .credential_kind()
+                .is_some_and(|kinds| kinds.contains("client-certificate"))
+        {
+            return Err(Error::InvalidConfig(
+                "Azure Event Grid's MQTT broker authenticates this profile's clients by X.509 \
+                 certificate: set a client certificate and key (TlsConfig::client_auth_files, \
+                 --cert and --key)"
+                    .into(),
+            ));
+        }
+        let rules = cloud.topic_rules(self.mqtt.id());
+        if let Some(topic) = self.mqtt.status() {
+            rules.check(topic)?;
         }
         Ok(())
     }

@@ -108,6 +108,8 @@ pub struct MqttConfig {
     #[cfg(feature = "http-proxy")]
     proxy: Option<super::proxy::HttpProxy>,
     sas: Option<SasKey>,
+    /// The cloud profile whose settings were applied (see [`MqttConfig::cloud`]).
+    cloud: Option<crate::CloudProfile>,
 }
 
 impl fmt::Debug for MqttConfig {
@@ -128,7 +130,8 @@ impl fmt::Debug for MqttConfig {
             .field("topic_aliases", &self.topic_aliases)
             .field("message_expiry", &self.message_expiry)
             .field("failover", &self.failover)
-            .field("sas", &self.sas);
+            .field("sas", &self.sas)
+            .field("cloud", &self.cloud);
         #[cfg(feature = "http-proxy")]
         f.field("proxy", &self.proxy);
         f.finish()
@@ -159,7 +162,41 @@ impl MqttConfig {
             #[cfg(feature = "http-proxy")]
             proxy: None,
             sas: None,
+            cloud: None,
         }
+    }
+
+    /// Applies `profile`'s connection settings: its MQTT version, its message size limit as
+    /// [`max_packet_size`](Self::max_packet_size), and for AWS IoT Core on port 443 with TLS and
+    /// no ALPN of its own, the ALPN protocol `x-amzn-mqtt-ca` that port needs. Each is an ordinary
+    /// setting: a later call replaces it.
+    /// [`RelayConfig::cloud`](crate::RelayConfig::cloud) applies this too, unless it was applied
+    /// already (so overrides made after it here are kept).
+    ///
+    /// ```
+    /// use edge_outbox::{CloudProfile, MqttConfig, Protocol};
+    /// let c = MqttConfig::new("my-hub.azure-devices.net", 8883).cloud(CloudProfile::AzureIotHub);
+    /// assert_eq!((c.version(), c.packet_limit()), (Protocol::V311, 256 * 1024));
+    /// ```
+    pub fn cloud(mut self, profile: crate::CloudProfile) -> Self {
+        self.protocol = profile.protocol();
+        self.max_packet_size = profile.max_message_bytes();
+        if profile == crate::CloudProfile::AwsIotCore && self.port == 443 {
+            self.tls = self.tls.take().map(|tls| {
+                if tls.offers_alpn() {
+                    tls
+                } else {
+                    tls.alpn("x-amzn-mqtt-ca")
+                }
+            });
+        }
+        self.cloud = Some(profile);
+        self
+    }
+
+    /// The cloud profile applied with [`cloud`](Self::cloud), if any.
+    pub fn cloud_profile(&self) -> Option<crate::CloudProfile> {
+        self.cloud
     }
 
     /// Parses `mqtt://[user[:password]@]host[:port]` (plain TCP, default port 1883) or

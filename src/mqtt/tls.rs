@@ -126,6 +126,11 @@ impl TlsConfig {
         self
     }
 
+    /// Whether it offers any ALPN protocol.
+    pub(crate) fn offers_alpn(&self) -> bool {
+        !self.alpn.is_empty()
+    }
+
     /// Whether any of it is read from files (and so again at every connection): the system's CA
     /// bundle too, which an OS update replaces.
     pub(crate) fn reads_files(&self) -> bool {

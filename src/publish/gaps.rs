@@ -175,9 +175,15 @@ fn encode(cfg: &Encoding<'_>, first: &GapRow, last_seq: i64, token: i64) -> Read
             created_ms: u64::try_from(first.removed_at).unwrap_or(0),
         },
     );
+    let cloud_ok = cfg.cloud.is_none_or(|rules| rules.check(&first.topic).is_ok());
     let topic = match crate::topic::check(&first.topic, cfg.allow_dollar) {
-        Ok(()) => first.topic.clone(),
-        Err(_) => crate::store::gaps::FALLBACK_TOPIC.to_owned(),
+        Ok(()) if cloud_ok => first.topic.clone(),
+        // A topic the cloud takes: its events topic (Azure IoT Hub), else the usual one.
+        _ => cfg
+            .cloud
+            .and_then(|rules| rules.fallback_topic())
+            .unwrap_or(crate::store::gaps::FALLBACK_TOPIC)
+            .to_owned(),
     };
     Ready {
         expires_at: None,

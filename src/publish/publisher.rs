@@ -263,6 +263,7 @@ impl Publisher {
             source: &self.config.source,
             epochs: &d.epochs,
             allow_dollar: self.options.limits.dollar_topics_allowed(),
+            cloud: self.options.limits.cloud_rules(),
             ttl: &self.config.ttl,
             #[cfg(feature = "schemas")]
             schemas: Some(&self.options.limits.schemas),

@@ -15,6 +15,7 @@ pub(crate) struct Context<'a> {
     pub source: &'a str,
     pub epochs: &'a Epochs,
     pub allow_dollar: bool,
+    pub cloud: Option<&'a crate::cloud_profile::TopicRules>,
     pub ttl: &'a [(String, std::time::Duration)],
     /// The file's payload schemas: a row that does not match its schema is not published.
     #[cfg(feature = "schemas")]
@@ -30,6 +31,7 @@ pub(crate) fn read(conn: &Connection, ctx: &Context<'_>, req: &ReadRequest) -> R
         limit_owner: req.limit_owner,
         properties: req.properties,
         allow_dollar: ctx.allow_dollar,
+        cloud: ctx.cloud,
         ttl: ctx.ttl,
         now_ms: req.now_ms,
         #[cfg(feature = "schemas")]

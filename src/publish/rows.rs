@@ -41,6 +41,8 @@ pub(crate) struct Encoding<'a> {
     pub properties: usize,
     /// Whether topics may start with `$`.
     pub allow_dollar: bool,
+    /// The cloud's topic rules, with a cloud profile: a row that breaks one is dead-lettered.
+    pub cloud: Option<&'a crate::cloud_profile::TopicRules>,
     /// Lifetimes by topic filter, for rows written without an expiry of their own.
     pub ttl: &'a [(String, std::time::Duration)],
     /// Now, in Unix ms: a row whose expiry is at or before it is expired.
@@ -160,6 +162,14 @@ fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Resul
         _ => return Err("id is not a 16-byte blob".into()),
     };
     let topic: String = row.get(2).map_err(get)?;
+    // The cloud's rules first, whose reasons are the more precise. (The mutant publishes what
+    // they refuse, and learns of it from the cloud.)
+    if let Some(rules) = cfg
+        .cloud
+        .filter(|_| !crate::mutant::active("cloud-rules-unchecked"))
+    {
+        rules.check(&topic).map_err(|e| e.to_string())?;
+    }
     crate::topic::check(&topic, cfg.allow_dollar).map_err(|e| e.to_string())?;
     let key: String = row.get(3).map_err(get)?;
     let payload = match row.get_ref(4).map_err(get)? {

@@ -254,7 +254,7 @@ impl Relay {
             marks: Marks::new(marks_tx, marked),
             barrier: Barrier::new(outbox.path()),
             durable_seq: outbox.durable_seq(),
-            options: outbox.options().clone(),
+            options: publishing_options(outbox, &config),
             config: config.clone(),
             events: events_rx,
             session,
@@ -483,6 +483,18 @@ fn forward(events: &Sender<Signal>, signal: Signal) -> Result<Flow> {
     } else {
         Flow::Stop
     })
+}
+
+/// The store's options as the publisher applies them: with a cloud profile, the cloud's topic
+/// rules, also for rows written by a process that did not set them.
+fn publishing_options(outbox: &Outbox, config: &RelayConfig) -> crate::store::Options {
+    let mut options = outbox.options().clone();
+    if let Some(cloud) = config.cloud
+        && options.limits.cloud_rules().is_none()
+    {
+        options.limits = options.limits.cloud(cloud, config.mqtt.id());
+    }
+    options
 }
 
 /// The HTTP proxy the relay's sessions go through, for its start line: `host:port` or `none`.

@@ -53,6 +53,8 @@ pub struct Limits {
     max_pending_bytes: Option<u64>,
     on_full: OnFull,
     classes: Vec<(String, super::class::MessageClass)>,
+    /// A cloud's topic rules, with [`Limits::cloud`].
+    cloud: Option<crate::cloud_profile::TopicRules>,
     /// The file's payload schemas, compiled when the store opens.
     #[cfg(feature = "schemas")]
     pub(crate) schemas: std::sync::Arc<crate::payload_schema::Registry>,
@@ -67,6 +69,7 @@ impl Default for Limits {
             max_pending_bytes: None,
             on_full: OnFull::Reject,
             classes: Vec::new(),
+            cloud: None,
             #[cfg(feature = "schemas")]
             schemas: std::sync::Arc::default(),
         }
@@ -119,6 +122,48 @@ impl Limits {
     pub fn class(mut self, filter: impl Into<String>, class: super::class::MessageClass) -> Self {
         self.classes.push((filter.into(), class));
         self
+    }
+
+    /// The documented limits of `profile`'s cloud, for the device `device_id` (its client id),
+    /// checked at every publish: the payload up to the cloud's message size less room for the
+    /// envelope and topic (see docs/operations.md), and the cloud's topic rules (AWS IoT Core's
+    /// length, depth and reserved `$aws/`; Azure IoT Hub's `devices/{device-id}/messages/events/`;
+    /// Event Grid's length and depth), each refused with [`Error::InvalidTopic`] or
+    /// [`Error::PayloadTooLarge`] naming the limit. A smaller
+    /// [`max_payload_bytes`](Self::max_payload_bytes) set before is kept; one set after
+    /// replaces this one.
+    ///
+    /// ```
+    /// use edge_outbox::{CloudProfile, Limits, Options, Outbox};
+    /// # let dir = tempfile::tempdir()?;
+    /// let limits = Limits::new().cloud(CloudProfile::AzureIotHub, "pump-17");
+    /// let outbox = Outbox::open_with(dir.path().join("o.db"), Options::new().limits(limits))?;
+    /// outbox.transaction(|tx| tx.publish("devices/pump-17/messages/events/", "pump-17", &1))?;
+    /// let refused = outbox.transaction(|tx| tx.publish("pumps/17", "pump-17", &1)).unwrap_err();
+    /// assert!(refused.to_string().contains("Azure IoT Hub"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn cloud(mut self, profile: crate::CloudProfile, device_id: &str) -> Self {
+        let cap = profile
+            .max_message_bytes()
+            .saturating_sub(crate::cloud_profile::ENVELOPE_HEADROOM);
+        self.max_payload_bytes = self.max_payload_bytes.min(cap);
+        self.cloud = Some(profile.topic_rules(device_id));
+        self
+    }
+
+    /// The cloud's topic rules, if [`cloud`](Self::cloud) set them.
+    pub(crate) fn cloud_rules(&self) -> Option<&crate::cloud_profile::TopicRules> {
+        self.cloud.as_ref()
+    }
+
+    /// Checks `topic` against the cloud's rules if any (first: their reasons are the more
+    /// precise, `$aws/` for one), then MQTT's.
+    pub(crate) fn check_topic(&self, topic: &str) -> Result<()> {
+        if let Some(rules) = &self.cloud {
+            rules.check(topic)?;
+        }
+        crate::topic::check(topic, self.allow_dollar_topics)
     }
 
     pub(crate) fn classes(&self) -> &[(String, super::class::MessageClass)] {

@@ -366,7 +366,7 @@ impl Row<'_> {
 
 /// Inserts `row`; returns its id and sequence number.
 fn insert(tx: &Transaction<'_>, limits: &Limits, row: &Row<'_>) -> Result<(MessageId, i64)> {
-    crate::topic::check(row.topic, limits.dollar_topics_allowed())?;
+    limits.check_topic(row.topic)?;
     if row.payload.len() > limits.payload_limit() {
         return Err(Error::PayloadTooLarge {
             size: row.payload.len(),

@@ -139,10 +139,13 @@ pub fn run() -> Result<(), Error> {
             .expire_after(format!("orders/{EXPIRING_KEY}"), LIFETIME)
             .pace_messages(1_500);
     }
-    let mut config = config
+    let mut config = if var(DeviceEnv::SINGLE_SESSION).is_some() {
+        config.single_session(true)
+    } else {
+        config.commands_client_id(COMMAND_CLIENT_ID)
+    };
+    config = config
         .commands(COMMAND_FILTER)
-        .commands_client_id(COMMAND_CLIENT_ID)
-        .single_session(var(DeviceEnv::SINGLE_SESSION).is_some())
         .reconnect_backoff(Duration::from_millis(20), Duration::from_millis(300));
     let batched = var(DeviceEnv::BATCH).is_some();
     if batched {

@@ -42,6 +42,7 @@ pub struct Publish {
     /// Empty when the client sent a topic alias only (MQTT 5).
     pub topic: String,
     pub qos: u8,
+    pub retain: bool,
     pub pkid: u16,
     pub payload: Vec<u8>,
 }
@@ -566,6 +567,7 @@ fn parse_publish(packet: &[u8], level: u8) -> Option<Publish> {
     Some(Publish {
         topic,
         qos,
+        retain: packet[0] & 1 == 1,
         pkid,
         payload: b.get(at..)?.to_vec(),
     })

@@ -18,9 +18,9 @@ pub struct BrokerArgs {
     #[arg(long, value_name = "URL")]
     pub broker: Vec<String>,
     /// MQTT protocol version: 5, or 3.1.1 for brokers that do not speak 5 (a broker then cannot
-    /// refuse a message: see docs/reliability.md).
-    #[arg(long, value_name = "VERSION", default_value = "5", value_parser = ["5", "3.1.1"])]
-    pub mqtt_version: String,
+    /// refuse a message: see docs/reliability.md) [default: 5, or the --profile's].
+    #[arg(long, value_name = "VERSION", value_parser = ["5", "3.1.1"])]
+    pub mqtt_version: Option<String>,
     /// Trust the CA certificates in this PEM file instead of the system's (mqtts only).
     #[arg(long, value_name = "FILE")]
     pub ca: Option<PathBuf>,
@@ -116,8 +116,9 @@ impl BrokerArgs {
                 );
             }
         }
-        let protocol: Protocol = self.mqtt_version.parse()?;
-        mqtt = mqtt.protocol(protocol);
+        if let Some(version) = &self.mqtt_version {
+            mqtt = mqtt.protocol(version.parse::<Protocol>()?);
+        }
         if self.ca.is_some() || client_auth.is_some() || !self.alpn.is_empty() {
             if !mqtt.uses_tls() {
                 // Named by host and port: the URL itself may carry a password.

@@ -81,6 +81,12 @@ pub struct RelayFile {
     pub commands_client_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub single_session: Option<bool>,
+    #[serde(
+        default,
+        deserialize_with = "cloud_profile",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub profile: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cert: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -217,6 +223,13 @@ fn mqtt_version<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<S
     Ok(Some(version))
 }
 
+fn cloud_profile<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<String>, D::Error> {
+    let name = String::deserialize(d)?;
+    name.parse::<edge_outbox::CloudProfile>()
+        .map_err(de::Error::custom)?;
+    Ok(Some(name))
+}
+
 fn not_empty<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<String>, D::Error> {
     let text = String::deserialize(d)?;
     if text.is_empty() {
@@ -311,7 +324,11 @@ pub fn merge(file: RelayFile, args: &mut RelayArgs, given: impl Fn(&str) -> bool
     let b = &mut args.broker;
     b.urls_from_file = file.broker.is_some() && !given("broker");
     take(&mut b.broker, file.broker, given("broker"));
-    take(&mut b.mqtt_version, file.mqtt_version, given("mqtt_version"));
+    take(
+        &mut b.mqtt_version,
+        file.mqtt_version.map(Some),
+        given("mqtt_version"),
+    );
     take(&mut b.ca, file.ca.map(Some), given("ca"));
     take(&mut b.alpn, file.alpn, given("alpn"));
     b.proxy_from_file = file.proxy.is_some() && !given("proxy");
@@ -355,6 +372,7 @@ pub fn merge(file: RelayFile, args: &mut RelayArgs, given: impl Fn(&str) -> bool
         file.single_session,
         given("single_session"),
     );
+    take(&mut args.profile, file.profile.map(Some), given("profile"));
     take(&mut args.cert, file.cert.map(Some), given("cert"));
     take(&mut args.key, file.key.map(Some), given("key"));
     take(
@@ -439,7 +457,7 @@ pub fn effective(args: &RelayArgs, db: &Path, busy_timeout: u64) -> RelayFile {
         app: None,
         busy_timeout: Some(busy_timeout),
         broker: Some(b.broker.iter().map(|url| edge_outbox::redact_url(url)).collect()),
-        mqtt_version: Some(b.mqtt_version.clone()),
+        mqtt_version: b.mqtt_version.clone(),
         ca: b.ca.clone(),
         alpn: Some(b.alpn.clone()).filter(|a| !a.is_empty()),
         proxy: b.proxy.as_deref().map(edge_outbox::redact_url),
@@ -458,6 +476,7 @@ pub fn effective(args: &RelayArgs, db: &Path, busy_timeout: u64) -> RelayFile {
         commands: args.commands.clone(),
         commands_client_id: args.commands_client_id.clone(),
         single_session: args.commands.as_ref().map(|_| args.single_session),
+        profile: args.profile.clone(),
         cert: args.cert.clone(),
         key: args.key.clone(),
         status_topic: args.status_topic.clone(),

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use edge_outbox::{Batching, Compression, Relay, RelayConfig, Status};
+use edge_outbox::{Batching, CloudProfile, Compression, Protocol, Relay, RelayConfig, Status};
 use serde_json::json;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use signal_hook::iterator::Signals;
@@ -92,9 +92,14 @@ pub struct RelayArgs {
     )]
     pub commands_client_id: Option<String>,
     /// One session per device: commands arrive on the publishing session's client id (for
-    /// Azure IoT Hub, and AWS IoT policies that pin the client id).
+    /// Azure IoT Hub, and AWS IoT policies that pin the client id). A --profile implies it.
     #[arg(long, requires = "commands")]
     pub single_session: bool,
+    /// Follow a cloud's settings and limits: MQTT version, message size, one session per device,
+    /// in-flight cap, ALPN on 443 (AWS), topic rules (docs/operations.md lists each). Options
+    /// given explicitly override its settings; its rules stay.
+    #[arg(long, value_name = "CLOUD", value_parser = ["aws-iot-core", "azure-iot-hub", "azure-event-grid"])]
+    pub profile: Option<String>,
     /// Client certificate chain (PEM) for mutual TLS (mqtts only; with --key).
     #[arg(long, value_name = "FILE", requires = "key")]
     pub cert: Option<PathBuf>,
@@ -392,9 +397,20 @@ pub fn config(args: &RelayArgs) -> Result<RelayConfig> {
     };
     check_pairs(args)?;
     let client_auth = args.cert.as_deref().zip(args.key.as_deref());
-    let mut mqtt = args
-        .broker
-        .mqtt(client_auth)?
+    let profile = args
+        .profile
+        .as_deref()
+        .map(str::parse::<CloudProfile>)
+        .transpose()?;
+    let mut mqtt = args.broker.mqtt(client_auth)?;
+    if let Some(profile) = profile {
+        mqtt = mqtt.cloud(profile);
+        // An explicit version wins over the profile's.
+        if let Some(version) = &args.broker.mqtt_version {
+            mqtt = mqtt.protocol(version.parse::<Protocol>()?);
+        }
+    }
+    let mut mqtt = mqtt
         .client_id(client_id)
         .topic_aliases(args.topic_aliases)
         .message_expiry(!args.no_message_expiry);
@@ -414,7 +430,12 @@ pub fn config(args: &RelayArgs) -> Result<RelayConfig> {
     if let Some(id) = &args.commands_client_id {
         config = config.commands_client_id(id);
     }
-    config = config.single_session(args.single_session);
+    if let Some(profile) = profile {
+        config = config.cloud(profile);
+    }
+    if args.single_session {
+        config = config.single_session(true);
+    }
     if let Some(file) = &args.metrics_file {
         config = config.metrics_file(file);
     }

@@ -278,7 +278,10 @@ impl Core {
         let ours = cfg.mqtt.packet_limit();
         let (max_packet, limit_owner) = match granted.max_packet_size {
             Some(theirs) if (theirs as usize) < ours => (theirs as usize, "the broker's maximum packet size"),
-            _ => (ours, "MqttConfig::max_packet_size"),
+            _ => match cfg.mqtt.cloud_profile() {
+                Some(cloud) if cloud.max_message_bytes() == ours => (ours, cloud.message_limit_name()),
+                _ => (ours, "MqttConfig::max_packet_size"),
+            },
         };
         let aliases = match (cfg.mqtt.version(), granted.topic_alias_max) {
             (Protocol::V5, Some(max)) if max > 0 && cfg.mqtt.uses_topic_aliases() && !self.aliases_off => {

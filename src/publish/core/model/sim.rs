@@ -188,6 +188,7 @@ impl World {
                     source: &self.config.source,
                     epochs: &self.epochs,
                     allow_dollar: false,
+                    cloud: None,
                     ttl: &self.config.ttl,
                     #[cfg(feature = "schemas")]
                     schemas: None,
