@@ -87,6 +87,18 @@ fn rotated_certificate_files_are_used_at_the_next_connection() -> TestResult {
     );
     let delivery = check::check(&committed, &check::decode_all(&sub.messages()))?;
     assert_eq!(delivery.unique, committed.len(), "{delivery:?}");
+    // `status` says when the certificate in use expires: the test PKI makes them valid for two
+    // days from their making.
+    let expires = relay
+        .status()?
+        .credential_expires_at
+        .ok_or("the client certificate's expiry in status")?;
+    let now = std::time::SystemTime::now();
+    let day = Duration::from_secs(86_400);
+    assert!(
+        expires > now + day && expires <= now + 2 * day,
+        "the certificate's notAfter, about two days ahead: {expires:?}"
+    );
     relay.shutdown()?;
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! The two rumqttc clients (MQTT 3.1.1 and 5) behind one small interface: build a fresh client
 //! and connection for each connection attempt, publish, subscribe, acknowledge, disconnect.
 
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5 as v5p;
@@ -93,6 +93,9 @@ pub(crate) struct SessionOptions {
     tls: Option<TlsConfig>,
     /// The username, and the file its password is read from at every connection.
     password_file: Option<(String, PathBuf)>,
+    /// When a client certificate given as text expires (one from a file is read at each
+    /// connection).
+    cert_expiry: Option<SystemTime>,
 }
 
 #[derive(Clone)]
@@ -227,6 +230,7 @@ impl SessionOptions {
             commands: role.reads().is_some(),
             // Settings given as text are built once, above: only files can change.
             tls: config.tls_value().filter(|tls| tls.reads_files()).cloned(),
+            cert_expiry: config.tls_value().and_then(TlsConfig::client_cert_expiry),
             password_file: config
                 .password_file()
                 .zip(config.username())
@@ -302,6 +306,13 @@ impl SessionOptions {
             };
             options.set_credentials(signed.username, password);
         }
+        if expires.is_none() {
+            expires = match &self.tls {
+                Some(tls) => tls.client_cert_expiry(),
+                None => self.cert_expiry,
+            };
+            warn_if_expiring(expires);
+        }
         let (client, connection) = match options {
             Options::V4(o) => {
                 let (client, mut connection) = rumqttc::Client::new(*o, self.request_capacity);
@@ -325,6 +336,28 @@ impl SessionOptions {
             renew,
             expires,
         })
+    }
+}
+
+/// How long before a client certificate's expiry each connection warns about it.
+const CERT_WARNING: Duration = Duration::from_secs(14 * 86_400);
+
+/// A WARN line at each connection while the client certificate is within [`CERT_WARNING`] of its
+/// expiry, or past it (the broker then refuses the handshake): rotate the files, no restart needed.
+fn warn_if_expiring(expires: Option<SystemTime>) {
+    let Some(expires) = expires else { return };
+    let unix_s = expires.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    match expires.duration_since(SystemTime::now()) {
+        Err(_) => tracing::warn!(
+            expired_at_unix_s = unix_s,
+            "the client certificate has expired: replace its files (read again at every connection)"
+        ),
+        Ok(left) if left < CERT_WARNING => tracing::warn!(
+            expires_at_unix_s = unix_s,
+            days_left = left.as_secs() / 86_400,
+            "the client certificate expires soon: replace its files (read again at every connection)"
+        ),
+        Ok(_) => {}
     }
 }
 

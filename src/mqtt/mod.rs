@@ -4,6 +4,7 @@
 
 mod aliases;
 pub(crate) mod backoff;
+mod cert_expiry;
 mod client;
 mod config;
 pub(crate) mod driver;

@@ -103,8 +103,10 @@ pub struct Status {
     /// pending and a last PUBACK long ago means publishing is stuck, connected or not.
     pub last_ack_at: Option<SystemTime>,
     /// When the credential of the publishing session's current (or last) connection expires: its
-    /// SAS token ([`MqttConfig::azure_sas`](crate::MqttConfig::azure_sas)); `None` for credentials
-    /// that do not expire. The relay replaces the connection before then.
+    /// SAS token ([`MqttConfig::azure_sas`](crate::MqttConfig::azure_sas)), which the relay
+    /// replaces before then, or its client certificate's `notAfter` (as read at that
+    /// connection: a rotated file shows from the next one); `None` for credentials that do not
+    /// expire.
     pub credential_expires_at: Option<SystemTime>,
     /// SQLite virtual-machine steps the publishing side ran since start (the publisher's reads,
     /// claims, gap notices and cleanup, and the marker's marks), counted by SQLite itself. Their

@@ -142,6 +142,15 @@ impl TlsConfig {
                 .is_some_and(|(cert, key)| file(cert) || file(key))
     }
 
+    /// When the client certificate expires (its first, leaf, certificate's `notAfter`), as its
+    /// file says now; `None` without one or when it cannot be read.
+    pub(crate) fn client_cert_expiry(&self) -> Option<std::time::SystemTime> {
+        let (cert_pem, _) = self.client_auth.as_ref()?;
+        let pem = cert_pem.now().ok()?;
+        let leaf = CertificateDer::pem_slice_iter(&pem).next()?.ok()?;
+        super::cert_expiry::not_after(&leaf)
+    }
+
     /// Whether a client certificate is presented (mutual TLS).
     pub(crate) fn has_client_auth(&self) -> bool {
         self.client_auth.is_some()
