@@ -96,6 +96,8 @@ pub(crate) struct SessionOptions {
     /// When a client certificate given as text expires (one from a file is read at each
     /// connection).
     cert_expiry: Option<SystemTime>,
+    /// MQTT over WebSockets.
+    websocket: bool,
 }
 
 #[derive(Clone)]
@@ -110,11 +112,10 @@ impl SessionOptions {
     pub(crate) fn new(config: &MqttConfig, client_id: &str, role: Role) -> Result<Self> {
         config.validate(client_id)?;
         let keep_alive = config.keep_alive_value();
+        let websocket = config.websocket_path().is_some();
         let transport = match config.tls_value() {
-            Some(tls) => Some(Transport::tls_with_config(TlsConfiguration::Rustls(
-                tls.client_config()?,
-            ))),
-            None => None,
+            Some(tls) => Some(secure_transport(websocket, tls.client_config()?)),
+            None => plain_transport(websocket),
         };
         let connect_secs = config.connect_timeout_value().as_secs().max(1);
         // Room for the whole window plus the status message and a disconnect, so a non-blocking
@@ -129,7 +130,9 @@ impl SessionOptions {
         for (host, port) in config.brokers() {
             let options = match config.version() {
                 Protocol::V311 => {
-                    let mut o = rumqttc::MqttOptions::new(client_id, host, port);
+                    // Over WebSockets rumqttc takes the whole URL as the host.
+                    let url = config.websocket_url(host, port);
+                    let mut o = rumqttc::MqttOptions::new(client_id, url.as_deref().unwrap_or(host), port);
                     o.set_keep_alive(keep_alive).set_clean_session(role.clean());
                     if let Some((user, password)) = config.credentials_value() {
                         o.set_credentials(user, password);
@@ -167,7 +170,9 @@ impl SessionOptions {
                                 .into(),
                         ));
                     }
-                    let mut o = rumqttc::v5::MqttOptions::new(client_id, host, port);
+                    let url = config.websocket_url(host, port);
+                    let mut o =
+                        rumqttc::v5::MqttOptions::new(client_id, url.as_deref().unwrap_or(host), port);
                     if keep_alive < V5_MIN_KEEP_ALIVE {
                         tracing::warn!(
                             ?keep_alive,
@@ -231,6 +236,7 @@ impl SessionOptions {
             // Settings given as text are built once, above: only files can change.
             tls: config.tls_value().filter(|tls| tls.reads_files()).cloned(),
             cert_expiry: config.tls_value().and_then(TlsConfig::client_cert_expiry),
+            websocket,
             password_file: config
                 .password_file()
                 .zip(config.username())
@@ -281,9 +287,10 @@ impl SessionOptions {
         let mut options = self.options[at].clone();
         let cannot = |e: Error| Cause::new(CauseKind::Connect, e.to_string());
         if let Some(tls) = &self.tls {
-            options.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(
+            options.set_transport(secure_transport(
+                self.websocket,
                 tls.client_config().map_err(cannot)?,
-            )));
+            ));
         }
         if let Some((user, path)) = &self.password_file
             && !crate::mutant::active("credential-files-read-once")
@@ -337,6 +344,27 @@ impl SessionOptions {
             expires,
         })
     }
+}
+
+/// TLS, directly or under WebSockets (`wss`).
+fn secure_transport(websocket: bool, config: std::sync::Arc<rustls::ClientConfig>) -> Transport {
+    let tls = TlsConfiguration::Rustls(config);
+    #[cfg(feature = "websocket")]
+    if websocket {
+        return Transport::Wss(tls);
+    }
+    let _ = websocket;
+    Transport::tls_with_config(tls)
+}
+
+/// Plain TCP (rumqttc's default, `None`), or WebSockets (`ws`).
+fn plain_transport(websocket: bool) -> Option<Transport> {
+    #[cfg(feature = "websocket")]
+    if websocket {
+        return Some(Transport::Ws);
+    }
+    let _ = websocket;
+    None
 }
 
 /// How long before a client certificate's expiry each connection warns about it.

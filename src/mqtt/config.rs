@@ -110,6 +110,8 @@ pub struct MqttConfig {
     sas: Option<SasKey>,
     /// The cloud profile whose settings were applied (see [`MqttConfig::cloud`]).
     cloud: Option<crate::CloudProfile>,
+    /// MQTT over WebSockets, on this URL path (see [`MqttConfig::websocket`]).
+    websocket: Option<String>,
 }
 
 impl fmt::Debug for MqttConfig {
@@ -131,7 +133,8 @@ impl fmt::Debug for MqttConfig {
             .field("message_expiry", &self.message_expiry)
             .field("failover", &self.failover)
             .field("sas", &self.sas)
-            .field("cloud", &self.cloud);
+            .field("cloud", &self.cloud)
+            .field("websocket", &self.websocket);
         #[cfg(feature = "http-proxy")]
         f.field("proxy", &self.proxy);
         f.finish()
@@ -163,6 +166,7 @@ impl MqttConfig {
             proxy: None,
             sas: None,
             cloud: None,
+            websocket: None,
         }
     }
 
@@ -194,6 +198,35 @@ impl MqttConfig {
         self
     }
 
+    /// MQTT over WebSockets (subprotocol `mqtt`) to the broker's endpoint at `path` (commonly
+    /// `/mqtt`; Azure IoT Hub's is `/$iothub/websocket`), for networks open to HTTP(S) only: a
+    /// `ws://` URL, or `wss://` with [`tls`](Self::tls) set (`from_url` does both from the
+    /// scheme). An [`http_proxy`](Self::http_proxy) carries it too. Feature `websocket`.
+    ///
+    /// ```
+    /// let c = edge_outbox::MqttConfig::from_url("wss://my-hub.azure-devices.net/$iothub/websocket")?;
+    /// assert_eq!((c.port(), c.websocket_path()), (443, Some("/$iothub/websocket")));
+    /// # Ok::<(), edge_outbox::Error>(())
+    /// ```
+    #[cfg(feature = "websocket")]
+    pub fn websocket(mut self, path: impl Into<String>) -> Self {
+        self.websocket = Some(path.into());
+        self
+    }
+
+    /// The WebSocket endpoint's path, when the broker is reached over WebSockets.
+    pub fn websocket_path(&self) -> Option<&str> {
+        self.websocket.as_deref()
+    }
+
+    /// The URL rumqttc connects to over WebSockets for the broker at `host:port`.
+    pub(crate) fn websocket_url(&self, host: &str, port: u16) -> Option<String> {
+        let scheme = if self.tls.is_some() { "wss" } else { "ws" };
+        self.websocket
+            .as_deref()
+            .map(|path| format!("{scheme}://{}{path}", endpoint(host, port)))
+    }
+
     /// The cloud profile applied with [`cloud`](Self::cloud), if any.
     pub fn cloud_profile(&self) -> Option<crate::CloudProfile> {
         self.cloud
@@ -217,15 +250,37 @@ impl MqttConfig {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| bad("expected mqtt://host:port or mqtts://host:port"))?;
-        let default_port = match scheme {
-            "mqtt" | "tcp" => 1883,
-            "mqtts" | "ssl" => 8883,
-            _ => return Err(bad("scheme must be mqtt or mqtts")),
+        let (default_port, tls, websocket) = match scheme {
+            "mqtt" | "tcp" => (1883, false, false),
+            "mqtts" | "ssl" => (8883, true, false),
+            "ws" => (80, false, true),
+            "wss" => (443, true, true),
+            _ => return Err(bad("scheme must be mqtt, mqtts, ws or wss")),
+        };
+        if websocket && cfg!(not(feature = "websocket")) {
+            return Err(bad(
+                "MQTT over WebSockets needs edge-outbox built with the `websocket` feature",
+            ));
+        }
+        // A WebSocket URL has a path (the broker's endpoint, `/mqtt` by default); after the last
+        // `@`, so a password may hold a `/`.
+        let (rest, path) = match websocket {
+            false => (rest, None),
+            true => {
+                let after_at = rest.rfind('@').map_or(0, |at| at + 1);
+                match rest[after_at..].find('/') {
+                    Some(slash) => (&rest[..after_at + slash], Some(&rest[after_at + slash..])),
+                    None => (rest, None),
+                }
+            }
         };
         let authority = Authority::parse(rest, default_port).map_err(bad)?;
         let mut config = MqttConfig::new(authority.host, authority.port);
-        if default_port == 8883 {
+        if tls {
             config.tls = Some(TlsConfig::system_roots());
+        }
+        if websocket {
+            config.websocket = Some(path.filter(|p| *p != "/").unwrap_or("/mqtt").to_owned());
         }
         config.credentials = authority.credentials;
         Ok(config)
@@ -528,6 +583,13 @@ impl MqttConfig {
         if let Some(topic) = &self.status_topic {
             crate::topic::check(topic, true)
                 .map_err(|e| Error::InvalidConfig(format!("status topic: {e}")))?;
+        }
+        if let Some(path) = &self.websocket
+            && (!path.starts_with('/') || path.chars().any(|c| c.is_whitespace() || c.is_control()))
+        {
+            return Err(Error::InvalidConfig(format!(
+                "WebSocket path {path:?}: it starts with '/' and has no spaces or control characters"
+            )));
         }
         #[cfg(feature = "http-proxy")]
         if let Some(proxy) = &self.proxy {

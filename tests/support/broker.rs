@@ -115,6 +115,7 @@ pub struct BrokerBuilder {
     extra_config: Vec<String>,
     stock: bool,
     users: Vec<(String, String)>,
+    websocket: bool,
 }
 
 impl BrokerBuilder {
@@ -138,6 +139,14 @@ impl BrokerBuilder {
     /// ([`Broker::keeps_sessions`]).
     pub fn persistence(mut self, on: bool) -> Self {
         self.persistence = on;
+        self
+    }
+
+    /// Also open a plain MQTT-over-WebSockets listener (`ws_addr()`). mosquitto: `protocol
+    /// websockets`, which a mosquitto built without libwebsockets cannot start (Debian's 2.0.11 is
+    /// one: see [`Broker::with_websockets`]); rumqttd: its WebSocket listener, MQTT 3.1.1 only.
+    pub fn websocket(mut self, on: bool) -> Self {
+        self.websocket = on;
         self
     }
 
@@ -211,11 +220,12 @@ struct Ports {
     plain_v5: Option<u16>,
     tls: Option<u16>,
     tls_v5: Option<u16>,
+    ws: Option<u16>,
 }
 
 impl Ports {
     fn all(&self) -> impl Iterator<Item = u16> {
-        [Some(self.plain), self.plain_v5, self.tls, self.tls_v5]
+        [Some(self.plain), self.plain_v5, self.tls, self.tls_v5, self.ws]
             .into_iter()
             .flatten()
     }
@@ -236,6 +246,28 @@ struct BrokerProcess {
 }
 
 impl Broker {
+    /// A broker with a WebSocket listener (`ws_addr()`): the one `EDGE_OUTBOX_BROKER` chooses,
+    /// or rumqttd where that is a mosquitto built without WebSocket support (it cannot start
+    /// the listener), said on stderr. Not a skip: rumqttd's listener is a real one.
+    pub fn with_websockets() -> io::Result<Broker> {
+        let builder = Broker::builder().websocket(true);
+        match builder.clone().start() {
+            Err(e) if BrokerKind::from_env()? == BrokerKind::Mosquitto => {
+                let first = e.to_string().lines().next().unwrap_or_default().to_owned();
+                eprintln!(
+                    "support: mosquitto could not open a WebSocket listener ({first}); rumqttd's instead"
+                );
+                builder.kind(BrokerKind::Rumqttd).start()
+            }
+            other => other,
+        }
+    }
+
+    /// The WebSocket listener (see [`BrokerBuilder::websocket`]).
+    pub fn ws_addr(&self) -> Option<SocketAddr> {
+        self.ports.ws.map(loopback)
+    }
+
     /// The broker chosen by `EDGE_OUTBOX_BROKER`, default options.
     pub fn start() -> io::Result<Broker> {
         Broker::builder().start()
@@ -424,12 +456,13 @@ impl Broker {
         for _ in 0..BIND_ATTEMPTS {
             let tls = process.builder.tls.is_some();
             let two = kind == BrokerKind::Rumqttd;
-            let ports = pick_ports([true, two, tls, tls && two])?;
+            let ports = pick_ports([true, two, tls, tls && two, process.builder.websocket])?;
             let ports = Ports {
                 plain: ports[0].unwrap_or_default(),
                 plain_v5: ports[1],
                 tls: ports[2],
                 tls_v5: ports[3],
+                ws: ports[4],
             };
             match kind {
                 BrokerKind::Mosquitto => process.write_mosquitto_config(&ports)?,
@@ -537,6 +570,9 @@ impl BrokerProcess {
             c.push('\n');
         }
         c.push_str(&format!("\nlistener {port} 127.0.0.1\n"));
+        if let Some(ws) = ports.ws {
+            c.push_str(&format!("\nlistener {ws} 127.0.0.1\nprotocol websockets\n"));
+        }
         if let (Some(tls), Some(tls_port)) = (&b.tls, tls_port) {
             c.push_str(&format!("\nlistener {tls_port} 127.0.0.1\n"));
             c.push_str(&format!("cafile {}\n", tls.ca.display()));
@@ -586,6 +622,9 @@ impl BrokerProcess {
                 }
                 if let Some(v5) = ports.tls_v5 {
                     cmd.arg("--tls-listen-v5").arg(loopback(v5).to_string());
+                }
+                if let Some(ws) = ports.ws {
+                    cmd.arg("--ws-listen").arg(loopback(ws).to_string());
                 }
                 if let (Some(tls), Some(tls_port)) = (&b.tls, ports.tls) {
                     cmd.arg("--tls-listen")

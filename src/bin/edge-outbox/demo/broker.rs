@@ -43,13 +43,21 @@ pub struct BrokerArgs {
     /// The CA that signs client certificates (PEM).
     #[arg(long, value_name = "PATH")]
     tls_ca: Option<PathBuf>,
+    /// An MQTT 3.1.1 WebSocket listener as well (subprotocol `mqtt`).
+    #[arg(long, value_name = "ADDR")]
+    ws_listen: Option<SocketAddr>,
     /// Require a username and password: one `user:password` per line of this file.
     #[arg(long, value_name = "PATH")]
     passwords: Option<PathBuf>,
 }
 
 pub fn run(args: &BrokerArgs) -> Result<()> {
-    let all = [args.listen_v5, args.tls_listen, args.tls_listen_v5];
+    let all = [
+        args.listen_v5,
+        args.tls_listen,
+        args.tls_listen_v5,
+        args.ws_listen,
+    ];
     for addr in std::iter::once(args.listen).chain(all.into_iter().flatten()) {
         if !addr.ip().is_loopback() {
             return Err(CliError::usage(format!(
@@ -74,7 +82,7 @@ pub fn run(args: &BrokerArgs) -> Result<()> {
         v311: args.listen,
         v5: args.listen_v5,
     };
-    let config = rumqttd_config(plain, args.max_packet, tls.as_ref(), passwords);
+    let config = rumqttd_config(plain, args.max_packet, tls.as_ref(), args.ws_listen, passwords);
     let broker = std::thread::Builder::new()
         .name("rumqttd".into())
         .spawn(move || rumqttd::Broker::new(config).start().map_err(|e| e.to_string()))

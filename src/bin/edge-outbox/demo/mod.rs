@@ -153,7 +153,7 @@ fn start_broker() -> Result<SocketAddr> {
             .port();
         let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
         let listen = rumqttd_config::Listeners { v311: addr, v5: None };
-        let config = rumqttd_config::rumqttd_config(listen, 1 << 20, None, None);
+        let config = rumqttd_config::rumqttd_config(listen, 1 << 20, None, None, None);
         let thread = std::thread::Builder::new()
             .name("demo-broker".into())
             .spawn(move || rumqttd::Broker::new(config).start().is_ok())

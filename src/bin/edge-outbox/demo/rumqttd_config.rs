@@ -23,14 +23,22 @@ pub struct TlsListeners<'a> {
     pub ca: &'a Path,
 }
 
-/// Plain listeners, TLS ones if asked; `passwords` (user to password) makes them all require a
-/// login.
+/// Plain listeners, TLS ones if asked, an MQTT 3.1.1 WebSocket listener on `ws` if given
+/// (rumqttd's WebSocket listener speaks 3.1.1 only); `passwords` (user to password) makes them
+/// all require a login.
 pub fn rumqttd_config(
     plain: Listeners,
     max_packet: usize,
     tls: Option<&TlsListeners<'_>>,
+    ws: Option<SocketAddr>,
     passwords: Option<HashMap<String, String>>,
 ) -> rumqttd::Config {
+    let ws = ws.map(|addr| {
+        HashMap::from([(
+            "ws".to_owned(),
+            server("ws", addr, max_packet, None, passwords.clone()),
+        )])
+    });
     let mut v4 = HashMap::new();
     let mut v5 = HashMap::new();
     let mut add = |name: &str, listen: Listeners, tls: Option<rumqttd::TlsConfig>| {
@@ -67,7 +75,7 @@ pub fn rumqttd_config(
         },
         v4: Some(v4),
         v5: (!v5.is_empty()).then_some(v5),
-        ws: None,
+        ws,
         cluster: None,
         console: None,
         bridge: None,
