@@ -31,13 +31,17 @@ use crate::mqtt::Protocol;
 #[non_exhaustive]
 pub enum CloudProfile {
     /// AWS IoT Core: MQTT 5, mutual TLS on 8883 (or 443 with ALPN `x-amzn-mqtt-ca`), payloads up
-    /// to 128 KiB, topics up to 256 bytes and 7 slashes, `$aws/` reserved, 100 messages in flight.
+    /// to 128 KiB, topics up to 256 bytes and 7 slashes (Basic Ingest's `$aws/rules/{rule}/`
+    /// not counted), 100 messages in flight. Its reserved `$aws/` topics stay refused unless
+    /// [`Limits::allow_dollar_topics`](crate::Limits::allow_dollar_topics).
     AwsIotCore,
     /// Azure IoT Hub: MQTT 3.1.1, one connection per device id, telemetry only on
-    /// `devices/{device-id}/messages/events/`, messages up to 256 KiB, no retained messages.
+    /// `devices/{device-id}/messages/events/` (and its own `$iothub/` topics), commands from
+    /// `devices/{device-id}/messages/devicebound/`, messages up to 256 KiB, no retained messages.
     AzureIotHub,
-    /// Azure Event Grid's MQTT broker: MQTT 5 with X.509 client certificates, messages up to
-    /// 512 KiB, topics up to 256 bytes and 8 levels.
+    /// Azure Event Grid's MQTT broker: MQTT 5 (X.509 client certificates, or its other
+    /// authentication methods, set as usual), messages up to 512 KiB, topics up to 256 bytes and
+    /// 8 levels.
     AzureEventGrid,
 }
 
@@ -110,13 +114,7 @@ impl CloudProfile {
 
     /// The topic rules for the device `device_id`.
     pub(crate) fn topic_rules(self, device_id: &str) -> TopicRules {
-        TopicRules {
-            profile: self,
-            events_prefix: match self {
-                CloudProfile::AzureIotHub => Some(format!("devices/{device_id}/messages/events/")),
-                CloudProfile::AwsIotCore | CloudProfile::AzureEventGrid => None,
-            },
-        }
+        TopicRules::new(self, device_id)
     }
 }
 
@@ -148,12 +146,15 @@ impl FromStr for CloudProfile {
 /// packet before publishing.
 pub(crate) const ENVELOPE_HEADROOM: usize = 2048;
 
-/// A cloud's rules for the topics a device publishes to, beyond MQTT's own.
+/// A cloud's rules for the topics a device publishes to, beyond MQTT's own (which keep `$`
+/// topics refused unless [`Limits::allow_dollar_topics`](crate::Limits::allow_dollar_topics)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TopicRules {
     profile: CloudProfile,
-    /// The only topics telemetry may go to start with this (Azure IoT Hub).
+    /// Azure IoT Hub: device messages go to topics under this, and commands come from under
+    /// `commands_prefix`.
     events_prefix: Option<String>,
+    commands_prefix: Option<String>,
 }
 
 /// AWS IoT Core and Event Grid: topics up to this many bytes.
@@ -162,17 +163,82 @@ const MAX_TOPIC_BYTES: usize = 256;
 const AWS_MAX_SLASHES: usize = 7;
 /// Event Grid: at most this many levels.
 const EVENT_GRID_MAX_LEVELS: usize = 8;
+/// AWS IoT Core's Basic Ingest prefix, `$aws/rules/{rule-name}/`, which does not count toward
+/// its topic limits.
+const AWS_BASIC_INGEST: &str = "$aws/rules/";
+/// Azure IoT Hub's own topics (device twin, direct method replies), which a device may use.
+const IOT_HUB_RESERVED: &str = "$iothub/";
 
 impl TopicRules {
+    fn new(profile: CloudProfile, device_id: &str) -> TopicRules {
+        // A module identity's client id is `{device-id}/{module-id}`.
+        let (events_prefix, commands_prefix) = match profile {
+            CloudProfile::AzureIotHub => {
+                let identity = match device_id.split_once('/') {
+                    Some((device, module)) => format!("devices/{device}/modules/{module}"),
+                    None => format!("devices/{device_id}"),
+                };
+                (
+                    Some(format!("{identity}/messages/events/")),
+                    Some(format!("{identity}/messages/devicebound/")),
+                )
+            }
+            CloudProfile::AwsIotCore | CloudProfile::AzureEventGrid => (None, None),
+        };
+        TopicRules {
+            profile,
+            events_prefix,
+            commands_prefix,
+        }
+    }
+
     /// Fails with [`Error::InvalidTopic`] naming the cloud's rule `topic` breaks.
     pub(crate) fn check(&self, topic: &str) -> Result<()> {
         let why = match self.profile {
+            CloudProfile::AzureIotHub => match &self.events_prefix {
+                Some(prefix)
+                    if !topic.starts_with(prefix.as_str()) && !topic.starts_with(IOT_HUB_RESERVED) =>
+                {
+                    Some(
+                        "Azure IoT Hub takes device messages only on devices/{device-id}/messages/events/ \
+                     (the device id being the client id; devices/{device-id}/modules/{module-id}/... \
+                     for a module) and its own $iothub/ topics",
+                    )
+                }
+                _ => None,
+            },
+            _ => self.size_rule(topic),
+        };
+        invalid(topic, why)
+    }
+
+    /// Fails with [`Error::InvalidConfig`] if the cloud does not deliver commands on `filter`.
+    pub(crate) fn check_commands_filter(&self, filter: &str) -> Result<()> {
+        let why = match (&self.commands_prefix, self.profile) {
+            (Some(prefix), _)
+                if !filter.starts_with(prefix.as_str()) && !filter.starts_with(IOT_HUB_RESERVED) =>
+            {
+                Some(format!(
+                    "Azure IoT Hub sends a device its messages under {prefix} (or its own $iothub/ topics)"
+                ))
+            }
+            (None, _) => self.size_rule(filter).map(str::to_owned),
+            _ => None,
+        };
+        match why {
+            None => Ok(()),
+            Some(why) => Err(Error::InvalidConfig(format!("command filter {filter:?}: {why}"))),
+        }
+    }
+
+    /// AWS IoT Core's and Event Grid's size and depth limits.
+    fn size_rule(&self, topic: &str) -> Option<&'static str> {
+        match self.profile {
             CloudProfile::AwsIotCore => {
-                if topic.starts_with("$aws/") {
-                    Some("AWS IoT Core reserves topics that start with '$aws/'")
-                } else if topic.len() > MAX_TOPIC_BYTES {
+                let counted = basic_ingest_rest(topic).unwrap_or(topic);
+                if counted.len() > MAX_TOPIC_BYTES {
                     Some("it is longer than 256 bytes, AWS IoT Core's topic limit")
-                } else if topic.matches('/').count() > AWS_MAX_SLASHES {
+                } else if counted.matches('/').count() > AWS_MAX_SLASHES {
                     Some("it has more than 7 slashes (8 levels), AWS IoT Core's topic depth limit")
                 } else {
                     None
@@ -187,26 +253,29 @@ impl TopicRules {
                     None
                 }
             }
-            CloudProfile::AzureIotHub => match &self.events_prefix {
-                Some(prefix) if !topic.starts_with(prefix.as_str()) => Some(
-                    "Azure IoT Hub takes device messages only on devices/{device-id}/messages/events/ \
-                     (the device id being the client id)",
-                ),
-                _ => None,
-            },
-        };
-        match why {
-            None => Ok(()),
-            Some(why) => Err(Error::InvalidTopic {
-                topic: topic.to_owned(),
-                why,
-            }),
+            CloudProfile::AzureIotHub => None,
         }
     }
 
     /// A topic that passes these rules, for gap notices whose own topic does not.
     pub(crate) fn fallback_topic(&self) -> Option<&str> {
         self.events_prefix.as_deref()
+    }
+}
+
+/// What follows `$aws/rules/{rule-name}/` in a Basic Ingest topic.
+fn basic_ingest_rest(topic: &str) -> Option<&str> {
+    let rest = topic.strip_prefix(AWS_BASIC_INGEST)?;
+    rest.split_once('/').map(|(_, after)| after)
+}
+
+fn invalid(topic: &str, why: Option<&'static str>) -> Result<()> {
+    match why {
+        None => Ok(()),
+        Some(why) => Err(Error::InvalidTopic {
+            topic: topic.to_owned(),
+            why,
+        }),
     }
 }
 
@@ -232,10 +301,14 @@ mod tests {
         let aws = CloudProfile::AwsIotCore.topic_rules("pump-17");
         assert!(aws.check("pumps/17/started").is_ok());
         assert!(aws.check("a/b/c/d/e/f/g/h").is_ok(), "7 slashes");
+        // Reserved topics are MQTT's `$` rule's (Limits::allow_dollar_topics), and Basic
+        // Ingest's prefix does not count toward the limits.
+        assert!(aws.check("$aws/things/pump-17/shadow/update").is_ok());
+        assert!(aws.check("$aws/rules/ingest/a/b/c/d/e/f/g/h").is_ok());
         for (topic, why) in [
-            ("$aws/things/pump-17/shadow/update", "reserves"),
             ("a/b/c/d/e/f/g/h/i", "7 slashes"),
             (&"t".repeat(257) as &str, "256 bytes"),
+            ("$aws/rules/ingest/a/b/c/d/e/f/g/h/i", "7 slashes"),
         ] {
             let e = aws.check(topic).expect_err(topic);
             assert!(
@@ -244,10 +317,18 @@ mod tests {
             );
         }
         assert!(aws.check(&"t".repeat(256)).is_ok());
+        assert!(
+            aws.check_commands_filter("a/b/c/d/e/f/g/h/#").is_err(),
+            "8 slashes in a filter"
+        );
 
         let hub = CloudProfile::AzureIotHub.topic_rules("pump-17");
         assert!(hub.check("devices/pump-17/messages/events/").is_ok());
         assert!(hub.check("devices/pump-17/messages/events/kind=start").is_ok());
+        assert!(
+            hub.check("$iothub/twin/PATCH/properties/reported/?$rid=1")
+                .is_ok()
+        );
         for topic in [
             "devices/pump-18/messages/events/",
             "pumps/17",
@@ -257,6 +338,24 @@ mod tests {
             assert!(e.to_string().contains("Azure IoT Hub"), "{e}");
         }
         assert_eq!(hub.fallback_topic(), Some("devices/pump-17/messages/events/"));
+        assert!(
+            hub.check_commands_filter("devices/pump-17/messages/devicebound/#")
+                .is_ok()
+        );
+        let e = hub
+            .check_commands_filter("pumps/17/commands/#")
+            .expect_err("not IoT Hub's");
+        assert!(
+            e.to_string().contains("devices/pump-17/messages/devicebound/"),
+            "{e}"
+        );
+        let module = CloudProfile::AzureIotHub.topic_rules("pump-17/valve");
+        assert!(
+            module
+                .check("devices/pump-17/modules/valve/messages/events/")
+                .is_ok()
+        );
+        assert!(module.check("devices/pump-17/messages/events/").is_err());
 
         let grid = CloudProfile::AzureEventGrid.topic_rules("pump-17");
         assert!(grid.check("a/b/c/d/e/f/g/h").is_ok());

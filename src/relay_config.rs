@@ -403,9 +403,11 @@ impl RelayConfig {
     /// ([`single_session`](Self::single_session)), and its in-flight cap where it has one. Those
     /// are settings, and a later call replaces each. Its rules are checked, here and by the relay:
     /// [`check`](Self::check) refuses a status topic or schema topic on a cloud that keeps no
-    /// retained messages (Azure IoT Hub) and an in-flight window above the cloud's cap, and the
-    /// relay dead-letters a row whose topic breaks the cloud's topic rules (written by a process
-    /// without [`Limits::cloud`](crate::Limits::cloud)), with the rule as the reason.
+    /// retained messages (Azure IoT Hub), a status, schema topic or command filter the cloud's
+    /// topic rules refuse, and an in-flight window above the cloud's cap; the relay dead-letters
+    /// a row whose topic breaks the cloud's topic rules (written by a process without
+    /// [`Limits::cloud`](crate::Limits::cloud), or with another profile or device id), with the
+    /// rule as the reason.
     ///
     /// ```
     /// use edge_outbox::{CloudProfile, MqttConfig, RelayConfig};
@@ -564,22 +566,16 @@ impl RelayConfig {
                 cloud.cloud()
             )));
         }
-        if cloud == crate::CloudProfile::AzureEventGrid
-            && !self
-                .mqtt
-                .credential_kind()
-                .is_some_and(|kinds| kinds.contains("client-certificate"))
-        {
-            return Err(Error::InvalidConfig(
-                "Azure Event Grid's MQTT broker authenticates this profile's clients by X.509 \
-                 certificate: set a client certificate and key (TlsConfig::client_auth_files, \
-                 --cert and --key)"
-                    .into(),
-            ));
-        }
         let rules = cloud.topic_rules(self.mqtt.id());
         if let Some(topic) = self.mqtt.status() {
             rules.check(topic)?;
+        }
+        #[cfg(feature = "schemas")]
+        if let Some(topic) = &self.schema_topic {
+            rules.check(topic)?;
+        }
+        if let Some(filter) = &self.commands {
+            rules.check_commands_filter(filter)?;
         }
         Ok(())
     }

@@ -350,7 +350,7 @@ fn each_kind_of_error_names_the_file_its_line_and_the_key() -> TestResult {
         (
             "broker = \"ftp://h\"\n",
             "line 1, key broker",
-            "scheme must be mqtt or mqtts",
+            "scheme must be mqtt, mqtts, ws or wss",
         ),
         (
             "mqtt-version = \"4\"\n",

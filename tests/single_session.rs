@@ -16,7 +16,7 @@ mod support;
 
 use std::time::Duration;
 
-use edge_outbox::{Envelope, MessageId, MqttConfig, Outbox, Relay, RelayConfig, SasKey};
+use edge_outbox::{Envelope, MessageId, MqttConfig, Outbox, Protocol, Relay, RelayConfig, SasKey};
 use rumqttc::QoS;
 use support::device::{commit_orders, open_device};
 use support::{Broker, BrokerKind, MqttProxy, Subscriber, WAIT, check, publish_raw, wait_until};
@@ -44,7 +44,12 @@ fn one_id_front(broker: &Broker) -> std::io::Result<MqttProxy> {
 /// The relay's settings for the device, through `front` (rumqttd's 3.1.1 subscribers take no
 /// MQTT 5 message expiry).
 fn config(broker: &Broker, front: &MqttProxy) -> RelayConfig {
+    config_with(broker, front, Protocol::V5)
+}
+
+fn config_with(broker: &Broker, front: &MqttProxy, protocol: Protocol) -> RelayConfig {
     let mqtt = MqttConfig::new("127.0.0.1", front.addr().port())
+        .protocol(protocol)
         .client_id(DEVICE)
         .keep_alive(Duration::from_secs(5))
         .connect_timeout(Duration::from_secs(2))
@@ -154,18 +159,28 @@ fn one_session_publishes_and_receives_and_loses_nothing_across_cuts() -> TestRes
 #[test]
 fn a_command_sent_while_the_relay_is_down_is_applied_when_it_returns() -> TestResult {
     let broker = Broker::start()?;
-    let front = one_id_front(&broker)?;
+    // A persistent session is `clean_session = false` under 3.1.1 and a session that never
+    // expires under MQTT 5: both.
+    for protocol in [Protocol::V311, Protocol::V5] {
+        kept_while_down(&broker, protocol)?;
+    }
+    Ok(())
+}
+
+fn kept_while_down(broker: &Broker, protocol: Protocol) -> TestResult {
+    let front = one_id_front(broker)?;
     let dir = tempfile::tempdir()?;
     let outbox = device(dir.path());
+    let config = || config_with(broker, &front, protocol).single_session(true);
     // The first run leaves a persistent session with its subscription on the broker.
-    let relay = start(&outbox, config(&broker, &front).single_session(true))?;
+    let relay = start(&outbox, config())?;
     assert!(
         wait_until(|| relay.status().is_ok_and(|s| s.commands_connected)),
         "subscribed"
     );
     relay.shutdown()?;
     publish_raw(broker.addr(), TOPIC, &command(25), QoS::AtLeastOnce)?;
-    let relay = start(&outbox, config(&broker, &front).single_session(true))?;
+    let relay = start(&outbox, config())?;
     assert!(
         wait_until(|| relay.status().is_ok_and(|s| s.commands_connected)),
         "subscribed again"
@@ -177,7 +192,7 @@ fn a_command_sent_while_the_relay_is_down_is_applied_when_it_returns() -> TestRe
     assert_eq!(
         balance(&outbox),
         125,
-        "the broker kept the command for the shared session while the relay was down"
+        "the broker kept the command for the shared session while the relay was down ({protocol})"
     );
     relay.shutdown()?;
     Ok(())

@@ -79,6 +79,10 @@ pub(crate) struct Intake {
     pub client: Option<MqttClient>,
     /// (Mutant only) deliveries acknowledged before they were stored.
     pub unstored: Vec<Delivery>,
+    /// Runs in the publishing session's connection thread (single-session mode): a command the
+    /// database will not take ends the connection instead of holding the thread, which also
+    /// reads the publisher's PUBACKs and keeps the connection alive.
+    pub shared: bool,
 }
 
 impl Intake {
@@ -199,6 +203,17 @@ impl Intake {
                 Ok(r) => {
                     self.status.clear_error(Source::Storing);
                     break r;
+                }
+                Err(e) if self.shared => {
+                    // Unacknowledged, so the broker sends it again on the next connection, after
+                    // the driver's backoff; publishing goes on meanwhile.
+                    tracing::error!(error = %e, topic = %delivery.topic, "could not store a command; reconnecting to receive it again");
+                    self.status
+                        .set_error(Source::Storing, format!("storing a command: {e}"));
+                    return Ok(Flow::Reconnect(Cause::new(
+                        CauseKind::Retry,
+                        format!("could not store a command: {e}"),
+                    )));
                 }
                 Err(e) => {
                     tracing::error!(error = %e, topic = %delivery.topic, "could not store a command; retrying");

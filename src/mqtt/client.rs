@@ -234,8 +234,11 @@ impl SessionOptions {
             connect_secs,
             commands: role.reads().is_some(),
             // Settings given as text are built once, above: only files can change.
-            tls: config.tls_value().filter(|tls| tls.reads_files()).cloned(),
-            cert_expiry: config.tls_value().and_then(TlsConfig::client_cert_expiry),
+            tls: config
+                .tls_value()
+                .filter(|tls| tls.reads_files())
+                .map(std::borrow::Cow::into_owned),
+            cert_expiry: config.tls_value().and_then(|tls| tls.client_cert_expiry()),
             websocket,
             password_file: config
                 .password_file()

@@ -127,7 +127,7 @@ impl fmt::Debug for MqttConfig {
             // The username is not secret; the password is never shown.
             .field("username", &self.credentials.as_ref().map(|(user, _)| user))
             .field("password_file", &self.password_file)
-            .field("tls", &self.tls)
+            .field("tls", &self.tls_value())
             .field("status_topic", &self.status_topic)
             .field("topic_aliases", &self.topic_aliases)
             .field("message_expiry", &self.message_expiry)
@@ -172,8 +172,8 @@ impl MqttConfig {
 
     /// Applies `profile`'s connection settings: its MQTT version, its message size limit as
     /// [`max_packet_size`](Self::max_packet_size), and for AWS IoT Core on port 443 with TLS and
-    /// no ALPN of its own, the ALPN protocol `x-amzn-mqtt-ca` that port needs. Each is an ordinary
-    /// setting: a later call replaces it.
+    /// no ALPN of its own, the ALPN protocol `x-amzn-mqtt-ca` that port needs (offered whenever
+    /// TLS is set, before or after this). Each is an ordinary setting: a later call replaces it.
     /// [`RelayConfig::cloud`](crate::RelayConfig::cloud) applies this too, unless it was applied
     /// already (so overrides made after it here are kept).
     ///
@@ -185,15 +185,6 @@ impl MqttConfig {
     pub fn cloud(mut self, profile: crate::CloudProfile) -> Self {
         self.protocol = profile.protocol();
         self.max_packet_size = profile.max_message_bytes();
-        if profile == crate::CloudProfile::AwsIotCore && self.port == 443 {
-            self.tls = self.tls.take().map(|tls| {
-                if tls.offers_alpn() {
-                    tls
-                } else {
-                    tls.alpn("x-amzn-mqtt-ca")
-                }
-            });
-        }
         self.cloud = Some(profile);
         self
     }
@@ -553,8 +544,15 @@ impl MqttConfig {
         self.password_file.as_deref()
     }
 
-    pub(crate) fn tls_value(&self) -> Option<&TlsConfig> {
-        self.tls.as_ref()
+    /// The TLS settings connections use: as set, plus the ALPN protocol AWS IoT Core needs on
+    /// port 443 with its profile and no ALPN of its own (applied here, at use, so that the order
+    /// of `tls` and `cloud` calls does not matter).
+    pub(crate) fn tls_value(&self) -> Option<std::borrow::Cow<'_, TlsConfig>> {
+        let tls = self.tls.as_ref()?;
+        if self.cloud == Some(crate::CloudProfile::AwsIotCore) && self.port == 443 && !tls.offers_alpn() {
+            return Some(std::borrow::Cow::Owned(tls.clone().alpn("x-amzn-mqtt-ca")));
+        }
+        Some(std::borrow::Cow::Borrowed(tls))
     }
 
     /// Checks what rumqttc would otherwise assert on (it panics instead of returning errors).

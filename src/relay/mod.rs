@@ -351,6 +351,7 @@ impl Relay {
             },
             client: None,
             unstored: Vec::new(),
+            shared: config.single_session,
         })
     }
 
@@ -489,9 +490,8 @@ fn forward(events: &Sender<Signal>, signal: Signal) -> Result<Flow> {
 /// rules, also for rows written by a process that did not set them.
 fn publishing_options(outbox: &Outbox, config: &RelayConfig) -> crate::store::Options {
     let mut options = outbox.options().clone();
-    if let Some(cloud) = config.cloud
-        && options.limits.cloud_rules().is_none()
-    {
+    // The relay's profile and client id decide, whatever the writer's handle was opened with.
+    if let Some(cloud) = config.cloud {
         options.limits = options.limits.cloud(cloud, config.mqtt.id());
     }
     options

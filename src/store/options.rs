@@ -125,13 +125,12 @@ impl Limits {
     }
 
     /// The documented limits of `profile`'s cloud, for the device `device_id` (its client id),
-    /// checked at every publish: the payload up to the cloud's message size less room for the
-    /// envelope and topic (see docs/operations.md), and the cloud's topic rules (AWS IoT Core's
-    /// length, depth and reserved `$aws/`; Azure IoT Hub's `devices/{device-id}/messages/events/`;
-    /// Event Grid's length and depth), each refused with [`Error::InvalidTopic`] or
-    /// [`Error::PayloadTooLarge`] naming the limit. A smaller
-    /// [`max_payload_bytes`](Self::max_payload_bytes) set before is kept; one set after
-    /// replaces this one.
+    /// checked at every publish: the cloud's topic rules (AWS IoT Core's and Event Grid's length
+    /// and depth; Azure IoT Hub's `devices/{device-id}/messages/events/`), refused with
+    /// [`Error::InvalidTopic`] naming the cloud and the limit, and as
+    /// [`max_payload_bytes`](Self::max_payload_bytes) the cloud's message size less 2 KiB kept
+    /// for the envelope and topic ([`Error::PayloadTooLarge`]; a later `max_payload_bytes`
+    /// replaces it; the relay checks the whole packet before publishing).
     ///
     /// ```
     /// use edge_outbox::{CloudProfile, Limits, Options, Outbox};
@@ -144,10 +143,9 @@ impl Limits {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn cloud(mut self, profile: crate::CloudProfile, device_id: &str) -> Self {
-        let cap = profile
+        self.max_payload_bytes = profile
             .max_message_bytes()
             .saturating_sub(crate::cloud_profile::ENVELOPE_HEADROOM);
-        self.max_payload_bytes = self.max_payload_bytes.min(cap);
         self.cloud = Some(profile.topic_rules(device_id));
         self
     }

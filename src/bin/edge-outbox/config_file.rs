@@ -457,7 +457,15 @@ pub fn effective(args: &RelayArgs, db: &Path, busy_timeout: u64) -> RelayFile {
         app: None,
         busy_timeout: Some(busy_timeout),
         broker: Some(b.broker.iter().map(|url| edge_outbox::redact_url(url)).collect()),
-        mqtt_version: b.mqtt_version.clone(),
+        // As used: given, or the profile's, or 5.
+        mqtt_version: Some(b.mqtt_version.clone().unwrap_or_else(|| {
+            args.profile
+                .as_deref()
+                .and_then(|p| p.parse::<edge_outbox::CloudProfile>().ok())
+                .map_or(edge_outbox::Protocol::V5, edge_outbox::CloudProfile::protocol)
+                .as_str()
+                .to_owned()
+        })),
         ca: b.ca.clone(),
         alpn: Some(b.alpn.clone()).filter(|a| !a.is_empty()),
         proxy: b.proxy.as_deref().map(edge_outbox::redact_url),
@@ -475,7 +483,10 @@ pub fn effective(args: &RelayArgs, db: &Path, busy_timeout: u64) -> RelayFile {
         src: Some(args.src.clone().or_else(|| args.client_id.clone())).flatten(),
         commands: args.commands.clone(),
         commands_client_id: args.commands_client_id.clone(),
-        single_session: args.commands.as_ref().map(|_| args.single_session),
+        single_session: args
+            .commands
+            .as_ref()
+            .map(|_| args.single_session || args.profile.is_some()),
         profile: args.profile.clone(),
         cert: args.cert.clone(),
         key: args.key.clone(),

@@ -417,7 +417,13 @@ pub fn config(args: &RelayArgs) -> Result<RelayConfig> {
     if let Some(topic) = &args.status_topic {
         mqtt = mqtt.status_topic(topic);
     }
-    let mut config = RelayConfig::new(mqtt)
+    let mut config = RelayConfig::new(mqtt);
+    // The profile first: the options after it replace its settings, and an explicit
+    // --max-in-flight above its cap is refused rather than lowered.
+    if let Some(profile) = profile {
+        config = config.cloud(profile);
+    }
+    let mut config = config
         .status_file(true)
         .source(args.src.as_deref().unwrap_or(client_id))
         .max_in_flight(args.max_in_flight.into())
@@ -429,9 +435,6 @@ pub fn config(args: &RelayArgs) -> Result<RelayConfig> {
     }
     if let Some(id) = &args.commands_client_id {
         config = config.commands_client_id(id);
-    }
-    if let Some(profile) = profile {
-        config = config.cloud(profile);
     }
     if args.single_session {
         config = config.single_session(true);
