@@ -5,12 +5,14 @@
 //! ([`Limits::cloud`](crate::Limits::cloud)) and again by the relay, so a message the cloud would
 //! refuse is refused with the limit's name instead of being learnt from a failed publish.
 //! docs/operations.md cites each cloud's documentation for every figure here.
+//!
+//! A leaf: the settings that are MQTT's own (the profile's protocol version) are given where
+//! MQTT's settings live, `crate::mqtt`, so that module and the store can both use this one.
 
 use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
-use crate::mqtt::Protocol;
 
 /// A managed MQTT endpoint whose rules the relay and the write path follow.
 ///
@@ -68,14 +70,6 @@ impl CloudProfile {
             CloudProfile::AwsIotCore => "AWS IoT Core",
             CloudProfile::AzureIotHub => "Azure IoT Hub",
             CloudProfile::AzureEventGrid => "Azure Event Grid",
-        }
-    }
-
-    /// The MQTT version the profile connects with.
-    pub fn protocol(self) -> Protocol {
-        match self {
-            CloudProfile::AzureIotHub => Protocol::V311,
-            CloudProfile::AwsIotCore | CloudProfile::AzureEventGrid => Protocol::V5,
         }
     }
 

@@ -141,6 +141,17 @@ impl fmt::Debug for MqttConfig {
     }
 }
 
+// Here rather than in `crate::cloud_profile`, which stays a leaf that the store can use.
+impl crate::CloudProfile {
+    /// The MQTT version the profile connects with.
+    pub fn protocol(self) -> Protocol {
+        match self {
+            crate::CloudProfile::AzureIotHub => Protocol::V311,
+            crate::CloudProfile::AwsIotCore | crate::CloudProfile::AzureEventGrid => Protocol::V5,
+        }
+    }
+}
+
 /// MQTT's largest packet: a remaining length of at most 268,435,455 bytes plus 5 header bytes.
 pub(crate) const PROTOCOL_MAX_PACKET: usize = 268_435_460;
 
