@@ -164,6 +164,13 @@ pub fn run() -> Result<(), Error> {
             format!("orders/{key}")
         }
     };
+    // Which layout this run has, before anything can crash it: a scenario checks that its
+    // option took effect.
+    say(if config.is_single_session() {
+        "sessions single"
+    } else {
+        "sessions two"
+    });
     let relay = Relay::start_with_handler(&outbox, config, |tx, cmd| {
         let amount: i64 = cmd.payload_as()?;
         tx.execute("INSERT OR IGNORE INTO accounts VALUES (?1, 0)", [&cmd.key])?;

@@ -73,6 +73,12 @@ fn failpoint_with(name: &str, nth: u32, keep_sent: bool, batched: bool, single_s
     // failpoints are hit while applying them.
     lab.env.push((DeviceEnv::COMMANDS, "6".into()));
     let mut device = lab.start(Some(&format!("{name}:{nth}")));
+    if single_session {
+        assert!(
+            device.wait_line("sessions single", READY),
+            "the device ran with two sessions: the scenario tested nothing of single-session mode"
+        );
+    }
     // "ready" once the command session is subscribed; a failpoint on the publishing side may
     // abort the device before that, and then the stdout it announces on closes. Either way the
     // commands are queued for it (Lab::new made its session persistent).
@@ -145,6 +151,12 @@ fn random_kills_with(kills: usize, rng: &mut Rng, variant: Variant) -> Verdict {
         Variant::SingleSession => lab.single_session(),
     }
     let mut device = lab.start(None);
+    if variant == Variant::SingleSession {
+        assert!(
+            device.wait_line("sessions single", READY),
+            "the device ran with two sessions: the scenario tested nothing of single-session mode"
+        );
+    }
     assert!(device.wait_line("ready", READY), "device never became ready");
     device.kill();
     for k in 0..kills {
