@@ -20,6 +20,7 @@ use std::time::Duration;
 use edge_outbox::{CloudProfile, Error, Limits, MqttConfig, Options, Outbox, RelayConfig};
 use support::alpn_front::AlpnFront;
 use support::azure_sas::Hub;
+use support::credits::command;
 use support::device::{commit_orders, open_device};
 use support::mqtt_proxy::Publish;
 use support::{Broker, ChildGuard, MqttProxy, Pki, Subscriber, WAIT, check, wait_until};
@@ -43,21 +44,6 @@ fn aws_refuses(p: &Publish) -> bool {
 /// What Azure IoT Hub refuses of a device's publish.
 fn hub_refuses(p: &Publish) -> bool {
     p.retain || !p.topic.starts_with(EVENTS)
-}
-
-fn command(credits: i64) -> Vec<u8> {
-    edge_outbox::Envelope {
-        id: edge_outbox::MessageId::new_v7(),
-        source: "cloud".into(),
-        epoch: 0,
-        seq: 1,
-        key: "acct-7".into(),
-        created_ms: 0,
-        event_type: Some("AddCredits".into()),
-        headers: vec![],
-        payload: edge_outbox::envelope::to_cbor(&credits).expect("cbor").into(),
-    }
-    .encode()
 }
 
 fn relay_cli(db: &std::path::Path) -> std::process::Command {

@@ -4,41 +4,14 @@
 
 mod support;
 
-use edge_outbox::{Envelope, MessageId, Outbox, Relay, RelayConfig};
+use edge_outbox::{Outbox, Relay, RelayConfig};
 use rumqttc::QoS;
-use support::device::{open_device, relay_config};
+use support::credits::{balance, command, device};
+use support::device::relay_config;
 use support::{Broker, Subscriber, WAIT, publish_raw, publish_raw_many, wait_until};
 
 const FILTER: &str = "devices/d1/commands/#";
 const TOPIC: &str = "devices/d1/commands/credit";
-
-fn command(credits: i64) -> Vec<u8> {
-    Envelope {
-        id: MessageId::new_v7(),
-        source: "cloud".into(),
-        epoch: 0,
-        seq: 1,
-        key: "acct-7".into(),
-        created_ms: 0,
-        event_type: Some("AddCredits".into()),
-        headers: vec![],
-        payload: edge_outbox::envelope::to_cbor(&credits).expect("cbor").into(),
-    }
-    .encode()
-}
-
-fn device(dir: &std::path::Path) -> Outbox {
-    let outbox = open_device(dir);
-    outbox
-        .with_connection(|c| {
-            c.execute_batch(
-                "CREATE TABLE IF NOT EXISTS balance (account TEXT PRIMARY KEY, credits INTEGER NOT NULL);
-                 INSERT OR IGNORE INTO balance VALUES ('acct-7', 0);",
-            )
-        })
-        .expect("balance table");
-    outbox
-}
 
 /// Starts a relay whose handler adds credits (an increment: not idempotent on its own) and
 /// publishes a receipt in the same transaction.
@@ -58,12 +31,6 @@ fn start(outbox: &Outbox, config: RelayConfig) -> Relay {
         "command session ready"
     );
     relay
-}
-
-fn balance(outbox: &Outbox) -> i64 {
-    outbox
-        .with_connection(|c| c.query_row("SELECT credits FROM balance", [], |r| r.get(0)))
-        .expect("balance")
 }
 
 #[test]

@@ -16,9 +16,10 @@ mod support;
 
 use std::time::Duration;
 
-use edge_outbox::{Envelope, MessageId, MqttConfig, Outbox, Protocol, Relay, RelayConfig, SasKey};
+use edge_outbox::{MqttConfig, Outbox, Protocol, Relay, RelayConfig, SasKey};
 use rumqttc::QoS;
-use support::device::{commit_orders, open_device};
+use support::credits::{balance, command, device};
+use support::device::commit_orders;
 use support::{Broker, BrokerKind, MqttProxy, Subscriber, WAIT, check, publish_raw, wait_until};
 
 type TestResult<T = ()> = Result<T, Box<dyn std::error::Error>>;
@@ -59,34 +60,6 @@ fn config_with(broker: &Broker, front: &MqttProxy, protocol: Protocol) -> RelayC
         .commands(FILTER)
 }
 
-fn command(credits: i64) -> Vec<u8> {
-    Envelope {
-        id: MessageId::new_v7(),
-        source: "cloud".into(),
-        epoch: 0,
-        seq: 1,
-        key: "acct-7".into(),
-        created_ms: 0,
-        event_type: Some("AddCredits".into()),
-        headers: vec![],
-        payload: edge_outbox::envelope::to_cbor(&credits).expect("cbor").into(),
-    }
-    .encode()
-}
-
-fn device(dir: &std::path::Path) -> Outbox {
-    let outbox = open_device(dir);
-    outbox
-        .with_connection(|c| {
-            c.execute_batch(
-                "CREATE TABLE IF NOT EXISTS balance (account TEXT PRIMARY KEY, credits INTEGER NOT NULL);
-                 INSERT OR IGNORE INTO balance VALUES ('acct-7', 0);",
-            )
-        })
-        .expect("balance table");
-    outbox
-}
-
 /// A relay whose handler adds credits (not idempotent on its own), with a receipt in the same
 /// transaction.
 fn start(outbox: &Outbox, config: RelayConfig) -> edge_outbox::Result<Relay> {
@@ -99,12 +72,6 @@ fn start(outbox: &Outbox, config: RelayConfig) -> edge_outbox::Result<Relay> {
         tx.publish("devices/pump-17/receipts", &cmd.key, &cmd.id.to_string())?;
         Ok::<_, edge_outbox::Error>(())
     })
-}
-
-fn balance(outbox: &Outbox) -> i64 {
-    outbox
-        .with_connection(|c| c.query_row("SELECT credits FROM balance", [], |r| r.get(0)))
-        .expect("balance")
 }
 
 #[test]

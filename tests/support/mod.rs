@@ -28,6 +28,7 @@ pub mod azure_sas;
 pub mod broker;
 pub mod check;
 pub mod child;
+pub mod credits;
 pub mod damage;
 pub mod device;
 pub mod ledger;

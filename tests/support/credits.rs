@@ -1,0 +1,45 @@
+//! The suite's command fixture: a device with an account balance, a cloud command that adds
+//! credits to it (an increment, so a command applied twice shows), and the balance to check.
+
+use edge_outbox::{Envelope, MessageId, Outbox};
+
+/// The account every credit command is for (its ordering key).
+pub const ACCOUNT: &str = "acct-7";
+
+/// An `AddCredits` command envelope for `credits`, with a new id, as the cloud sends it.
+pub fn command(credits: i64) -> Vec<u8> {
+    Envelope {
+        id: MessageId::new_v7(),
+        source: "cloud".into(),
+        epoch: 0,
+        seq: 1,
+        key: ACCOUNT.into(),
+        created_ms: 0,
+        event_type: Some("AddCredits".into()),
+        headers: vec![],
+        payload: edge_outbox::envelope::to_cbor(&credits).expect("cbor").into(),
+    }
+    .encode()
+}
+
+/// A device store ([`super::device::open_device`]) with a `balance` table holding the account
+/// at 0.
+pub fn device(dir: &std::path::Path) -> Outbox {
+    let outbox = super::device::open_device(dir);
+    outbox
+        .with_connection(|c| {
+            c.execute_batch(
+                "CREATE TABLE IF NOT EXISTS balance (account TEXT PRIMARY KEY, credits INTEGER NOT NULL);
+                 INSERT OR IGNORE INTO balance VALUES ('acct-7', 0);",
+            )
+        })
+        .expect("balance table");
+    outbox
+}
+
+/// The account's credits now.
+pub fn balance(outbox: &Outbox) -> i64 {
+    outbox
+        .with_connection(|c| c.query_row("SELECT credits FROM balance", [], |r| r.get(0)))
+        .expect("balance")
+}
