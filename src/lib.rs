@@ -135,6 +135,7 @@ mod publish;
 mod relay;
 mod relay_config;
 mod report;
+mod routing_fields;
 #[cfg(feature = "signed-commands")]
 mod signed;
 mod store;

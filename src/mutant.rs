@@ -63,6 +63,9 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // The relay publishes rows whose topic breaks its cloud profile's rules (written by a process
     // without `Limits::cloud`): the cloud drops the connection over each, and the rest wait.
     ("cloud-rules-unchecked", "tests/cloud_profiles.rs"),
+    // Azure IoT Hub's property bag is written without URL-encoding: a key holding `&`, `=` or
+    // `/` ends its pair (or adds a topic level), and the hub routes on the wrong values.
+    ("property-bag-unencoded", "tests/routing_fields.rs"),
     // A retried outgoing dead letter goes back in lane 0, with no lifetime, not evictable.
     ("retry-loses-settings", "tests/outbox_dead_letter_retry.rs"),
     // Receiving verifies with the handle's own keys only, not the file's: a keyless handle (the

@@ -63,6 +63,7 @@ pub struct RelayConfig {
     pub(crate) commands_client_id: Option<String>,
     pub(crate) single_session: bool,
     pub(crate) cloud: Option<crate::CloudProfile>,
+    pub(crate) routing_fields: bool,
     pub(crate) max_command_bytes: usize,
     pub(crate) command_read_limit: usize,
     pub(crate) retained_commands: bool,
@@ -98,6 +99,7 @@ impl RelayConfig {
             commands_client_id: None,
             single_session: false,
             cloud: None,
+            routing_fields: false,
             max_command_bytes: 64 * 1024,
             command_read_limit: 16 * 1024 * 1024,
             retained_commands: false,
@@ -428,10 +430,58 @@ impl RelayConfig {
         }
         self.cloud = Some(profile);
         self.single_session = true;
+        self.routing_fields = true;
         if let Some(cap) = profile.max_in_flight() {
             self.max_in_flight = self.max_in_flight.min(cap);
         }
         self
+    }
+
+    /// Repeat each message's routing fields outside its payload, where a cloud's rules engine
+    /// reads them without decoding CBOR: `id` (the UUID in text), `src`, `ep`, `seq`, `key`
+    /// and `type` (when the message has one), with the content type `application/cbor`. A gap
+    /// notice carries `id`, `src`, `ep`, `gap` (`first-last`) and `cause`; a batch `src`,
+    /// `ep`, `seq` (`first-last`) and `n` (its members' own fields are inside it).
+    ///
+    /// Under MQTT 5 they are user properties, and the content type the Content Type property
+    /// (AWS IoT rules read them with `get_user_property` and `get_mqtt_property`; Event Grid
+    /// routes on them). With the Azure IoT Hub profile they go in the property bag at the end
+    /// of the topic (`devices/{id}/messages/events/%24.ct=application%2Fcbor&id=...`),
+    /// URL-encoded, where IoT Hub message routing reads them as application properties (each
+    /// message then has a topic of its own, so none are batched together). Under MQTT 3.1.1
+    /// elsewhere there is nowhere to put them: [`check`](Self::check) refuses the setting.
+    /// Every cloud profile turns them on; a later `routing_fields(false)` turns them off.
+    ///
+    /// The payload is unchanged: the fields are a copy, they count towards the packet size
+    /// limit, and a consumer that decodes the envelope needs none of them.
+    ///
+    /// ```
+    /// use edge_outbox::{MqttConfig, Protocol, RelayConfig};
+    /// let v5 = MqttConfig::new("broker.example", 8883).client_id("pump-17").protocol(Protocol::V5);
+    /// assert!(RelayConfig::new(v5).routing_fields(true).check().is_ok());
+    /// let v311 = MqttConfig::new("broker.example", 8883).client_id("pump-17").protocol(Protocol::V311);
+    /// assert!(RelayConfig::new(v311).routing_fields(true).check().is_err());
+    /// ```
+    pub fn routing_fields(mut self, on: bool) -> Self {
+        self.routing_fields = on;
+        self
+    }
+
+    /// Whether publishes carry routing fields (see [`routing_fields`](Self::routing_fields)).
+    pub fn has_routing_fields(&self) -> bool {
+        self.routing_fields
+    }
+
+    /// Where the routing fields go, if they are sent and there is a place for them.
+    pub(crate) fn routing_placement(&self) -> Option<crate::routing_fields::Placement> {
+        use crate::routing_fields::Placement;
+        if !self.routing_fields {
+            return None;
+        }
+        if self.cloud == Some(crate::CloudProfile::AzureIotHub) {
+            return Some(Placement::PropertyBag);
+        }
+        (self.mqtt.version() == crate::mqtt::Protocol::V5).then_some(Placement::UserProperties)
     }
 
     /// The cloud profile set with [`cloud`](Self::cloud), if any.
@@ -508,6 +558,13 @@ impl RelayConfig {
         }
         if let Some(cloud) = self.cloud {
             self.validate_cloud(cloud)?;
+        }
+        if self.routing_fields && self.routing_placement().is_none() {
+            return Err(Error::InvalidConfig(
+                "routing fields need somewhere to go: MQTT 5 (user properties) or the Azure IoT \
+                 Hub profile (its property bag); MQTT 3.1.1 has neither"
+                    .into(),
+            ));
         }
         #[cfg(feature = "schemas")]
         if let Some(topic) = &self.schema_topic {

@@ -53,7 +53,13 @@ pub fn send_command(mqtt: &MqttConfig, topic: &str, command: &Envelope<'_>, time
         .map_err(|cause| failed(std::io::ErrorKind::Other, cause.to_string()))?;
     let (client, mut connection) = (opened.client, opened.connection);
     client
-        .try_publish(topic, QoS::AtLeastOnce, false, bytes, None, None)
+        .try_publish(
+            topic,
+            QoS::AtLeastOnce,
+            false,
+            bytes,
+            crate::mqtt::Extra::default(),
+        )
         .map_err(|_| failed(std::io::ErrorKind::Other, "could not queue the publish".into()))?;
     let deadline = Instant::now() + timeout;
     let mut connected = false;

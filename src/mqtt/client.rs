@@ -456,32 +456,60 @@ impl std::fmt::Debug for MqttClient {
 #[derive(Debug)]
 pub(crate) struct NotQueued;
 
+/// A publish's MQTT 5 properties beyond QoS and retain.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Extra<'a> {
+    /// A topic alias: with `Some((n, false))` the topic is sent and alias `n` bound to it, with
+    /// `Some((n, true))` only the alias is sent (the broker already knows it on this
+    /// connection).
+    pub alias: Option<(u16, bool)>,
+    /// The message expiry interval, in seconds.
+    pub expiry: Option<u32>,
+    /// Routing fields: user properties and the content type.
+    pub routing: Option<&'a crate::routing_fields::Routing>,
+}
+
+impl Extra<'_> {
+    fn is_empty(&self) -> bool {
+        self.alias.is_none() && self.expiry.is_none() && self.routing.is_none()
+    }
+}
+
 impl MqttClient {
-    /// Queues a publish. `alias`: an MQTT 5 topic alias (ignored under 3.1.1); with `Some((n,
-    /// false))` the topic is sent and alias `n` bound to it, with `Some((n, true))` only the alias
-    /// is sent (the broker already knows it on this connection). `expiry`: MQTT 5's message expiry
-    /// interval in seconds (ignored under 3.1.1, which has none).
+    /// Queues a publish, with the MQTT 5 properties in `extra` (all ignored under 3.1.1, which
+    /// has none).
     pub(crate) fn try_publish(
         &self,
         topic: &str,
         qos: QoS,
         retain: bool,
         payload: impl Into<Bytes>,
-        alias: Option<(u16, bool)>,
-        expiry: Option<u32>,
+        extra: Extra<'_>,
     ) -> Result<(), NotQueued> {
-        let queued = match (self, alias, expiry) {
-            (MqttClient::V4(c), _, _) => c.try_publish(topic, qos, retain, payload.into()).is_ok(),
-            (MqttClient::V5(c), None, None) => {
+        let queued = match self {
+            MqttClient::V4(c) => c.try_publish(topic, qos, retain, payload.into()).is_ok(),
+            MqttClient::V5(c) if extra.is_empty() => {
                 c.try_publish(topic, v5_qos(qos), retain, payload.into()).is_ok()
             }
-            (MqttClient::V5(c), alias, expiry) => {
+            MqttClient::V5(c) => {
+                let (user_properties, content_type) = match extra.routing {
+                    Some(r) => (
+                        r.pairs
+                            .iter()
+                            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                            .collect(),
+                        Some(r.content_type.to_owned()),
+                    ),
+                    None => (Vec::new(), None),
+                };
                 let properties = v5p::PublishProperties {
-                    topic_alias: alias.map(|(n, _)| n),
-                    message_expiry_interval: expiry,
+                    topic_alias: extra.alias.map(|(n, _)| n),
+                    message_expiry_interval: extra.expiry,
+                    user_properties,
+                    content_type,
                     ..Default::default()
                 };
-                let topic = match alias {
+                let topic = match extra.alias {
                     Some((_, true)) => "",
                     _ => topic,
                 };

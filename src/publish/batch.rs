@@ -14,6 +14,7 @@ use super::rows::Ready;
 use crate::batch_wire::{self, BATCH_OVERHEAD};
 use crate::batching::Batching;
 use crate::mqtt::tracker::Seq;
+use crate::routing_fields::Routing;
 
 /// What to do with the front of the ready queue.
 #[derive(Debug, PartialEq, Eq)]
@@ -111,12 +112,14 @@ pub(crate) fn take(ready: &mut VecDeque<Ready>, n: usize, rule: &Batching) -> (R
         .map(|r| r.expires_at)
         .try_fold(i64::MIN, |latest, e| e.map(|e| latest.max(e)));
     let (seq, topic) = rows.first().map(|r| (r.seq, r.topic.clone())).unwrap_or_default();
+    let routing = Routing::batch(rows.iter().filter_map(|r| r.routing.as_deref())).map(Box::new);
     (
         Ready {
             seq,
             topic,
             envelope,
             expires_at,
+            routing,
         },
         rows,
     )
@@ -147,6 +150,7 @@ mod tests {
             // A 100-byte CBOR byte string, standing in for an envelope.
             envelope: [0x58, 98].into_iter().chain([0; 98]).collect(),
             expires_at: None,
+            routing: None,
         }
     }
 

@@ -20,6 +20,7 @@ use rusqlite::{Connection, TransactionBehavior};
 use super::rows::{Encoding, Ready};
 use crate::envelope::{GapCause, GapFields, GapNotice, write_gap_notice};
 use crate::error::Result;
+use crate::routing_fields::Routing;
 use crate::store::Options;
 
 /// Tokens of gap notices start here: far above any outbox `seq` (SQLite counts to 2^63 - 1, a
@@ -162,19 +163,17 @@ fn encode(cfg: &Encoding<'_>, first: &GapRow, last_seq: i64, token: i64) -> Read
     let id = GapNotice::id_for(epoch, wire_first, wire_last, &cause);
     let why = first.why.as_deref().map(|w| cut(w, WHY_MAX));
     let mut envelope = Vec::with_capacity(96);
-    write_gap_notice(
-        &mut envelope,
-        &GapFields {
-            id: &id,
-            source: cfg.source,
-            epoch,
-            first: wire_first,
-            last: wire_last,
-            cause: cause.as_str(),
-            why,
-            created_ms: u64::try_from(first.removed_at).unwrap_or(0),
-        },
-    );
+    let fields = GapFields {
+        id: &id,
+        source: cfg.source,
+        epoch,
+        first: wire_first,
+        last: wire_last,
+        cause: cause.as_str(),
+        why,
+        created_ms: u64::try_from(first.removed_at).unwrap_or(0),
+    };
+    write_gap_notice(&mut envelope, &fields);
     let cloud_ok = cfg.cloud.is_none_or(|rules| rules.check(&first.topic).is_ok());
     let topic = match crate::topic::check(&first.topic, cfg.allow_dollar) {
         Ok(()) if cloud_ok => first.topic.clone(),
@@ -185,11 +184,13 @@ fn encode(cfg: &Encoding<'_>, first: &GapRow, last_seq: i64, token: i64) -> Read
             .unwrap_or(crate::store::gaps::FALLBACK_TOPIC)
             .to_owned(),
     };
+    let (topic, routing) = super::rows::place(cfg.routing, topic, || Routing::notice(&fields));
     Ready {
         expires_at: None,
         seq: token,
         topic,
         envelope,
+        routing,
     }
 }
 

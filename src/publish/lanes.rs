@@ -87,6 +87,7 @@ mod tests {
             topic: "t".into(),
             envelope: Vec::new(),
             expires_at: None,
+            routing: None,
         }
     }
 

@@ -20,6 +20,7 @@ use super::marker::Marks;
 use super::reader::{self, Context};
 use super::rows;
 use crate::error::Result;
+use crate::mqtt::Extra;
 use crate::mqtt::MqttClient;
 use crate::mqtt::driver::{Link, SessionHandle, Signal};
 use crate::mqtt::event::Event;
@@ -173,7 +174,7 @@ impl Publisher {
             // A clean DISCONNECT: the broker discards the last will, so `offline` is not sent
             // for a planned stop (the status topic gets it published explicitly instead).
             if let Some(topic) = self.config.mqtt.status() {
-                let _ = client.try_publish(topic, QoS::AtLeastOnce, true, "offline", None, None);
+                let _ = client.try_publish(topic, QoS::AtLeastOnce, true, "offline", Extra::default());
             }
             let _ = client.try_disconnect();
         }
@@ -193,7 +194,12 @@ impl Publisher {
             Action::Publish(mut p) => {
                 let envelope = std::mem::take(&mut p.envelope);
                 let queued = d.client.as_ref().is_some_and(|c| {
-                    c.try_publish(&p.topic, QoS::AtLeastOnce, false, envelope, p.alias, p.expiry)
+                    let extra = Extra {
+                        alias: p.alias,
+                        expiry: p.expiry,
+                        routing: p.routing.as_deref(),
+                    };
+                    c.try_publish(&p.topic, QoS::AtLeastOnce, false, envelope, extra)
                         .is_ok()
                 });
                 if queued {
@@ -264,6 +270,7 @@ impl Publisher {
             epochs: &d.epochs,
             allow_dollar: self.options.limits.dollar_topics_allowed(),
             cloud: self.options.limits.cloud_rules(),
+            routing: self.config.routing_placement(),
             ttl: &self.config.ttl,
             #[cfg(feature = "schemas")]
             schemas: Some(&self.options.limits.schemas),
@@ -364,7 +371,7 @@ impl Publisher {
             // QoS 0 reports packet id 0, which the tracker ignores: it is not a row.
             let _ = link
                 .client
-                .try_publish(topic, QoS::AtMostOnce, true, "online", None, None);
+                .try_publish(topic, QoS::AtMostOnce, true, "online", Extra::default());
         }
         #[cfg(feature = "schemas")]
         if let Some(topic) = &self.config.schema_topic {
@@ -375,7 +382,7 @@ impl Publisher {
                 Ok(list) => {
                     let _ = link
                         .client
-                        .try_publish(topic, QoS::AtMostOnce, true, list, None, None);
+                        .try_publish(topic, QoS::AtMostOnce, true, list, Extra::default());
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "the payload schemas could not be encoded for publishing")

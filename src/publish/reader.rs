@@ -16,6 +16,8 @@ pub(crate) struct Context<'a> {
     pub epochs: &'a Epochs,
     pub allow_dollar: bool,
     pub cloud: Option<&'a crate::cloud_profile::TopicRules>,
+    /// Where routing fields go, when the relay sends them.
+    pub routing: Option<crate::routing_fields::Placement>,
     pub ttl: &'a [(String, std::time::Duration)],
     /// The file's payload schemas: a row that does not match its schema is not published.
     #[cfg(feature = "schemas")]
@@ -32,6 +34,7 @@ pub(crate) fn read(conn: &Connection, ctx: &Context<'_>, req: &ReadRequest) -> R
         properties: req.properties,
         allow_dollar: ctx.allow_dollar,
         cloud: ctx.cloud,
+        routing: ctx.routing,
         ttl: ctx.ttl,
         now_ms: req.now_ms,
         #[cfg(feature = "schemas")]

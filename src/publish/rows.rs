@@ -9,6 +9,7 @@ use rusqlite::{Connection, TransactionBehavior, params};
 use crate::cbor::{self, Reader};
 use crate::envelope::{Fields, MessageId, Payload, decode_headers, write_envelope};
 use crate::error::Result;
+use crate::routing_fields::{Placement, Routing};
 use crate::store::Options;
 use crate::store::epoch::Epochs;
 use crate::store::gaps::{self, Removal};
@@ -22,6 +23,9 @@ pub(crate) struct Ready {
     pub envelope: Vec<u8>,
     /// When the message expires (Unix ms), for MQTT 5's message expiry interval.
     pub expires_at: Option<i64>,
+    /// Its routing fields, to send as MQTT 5 user properties (with
+    /// [`Placement::UserProperties`]; with the property bag they are in `topic` already).
+    pub routing: Option<Box<Routing>>,
 }
 
 /// A row that cannot be published as stored.
@@ -43,6 +47,8 @@ pub(crate) struct Encoding<'a> {
     pub allow_dollar: bool,
     /// The cloud's topic rules, with a cloud profile: a row that breaks one is dead-lettered.
     pub cloud: Option<&'a crate::cloud_profile::TopicRules>,
+    /// Where each publish's routing fields go, if it carries them.
+    pub routing: Option<Placement>,
     /// Lifetimes by topic filter, for rows written without an expiry of their own.
     pub ttl: &'a [(String, std::time::Duration)],
     /// Now, in Unix ms: a row whose expiry is at or before it is expired.
@@ -215,9 +221,11 @@ fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Resul
         headers,
     };
     write_envelope(&mut envelope, &fields, payload);
+    let (topic, routing) = place(cfg.routing, topic, || Routing::message(&fields));
+    let properties = cfg.properties + routing.as_ref().map_or(0, |r| r.property_bytes());
     // Fixed header (1), remaining length (up to 4), topic length (2), topic, packet id (2),
     // properties, payload.
-    let packet = 1 + 4 + 2 + topic.len() + 2 + cfg.properties + envelope.len();
+    let packet = 1 + 4 + 2 + topic.len() + 2 + properties + envelope.len();
     if packet > cfg.max_packet {
         return Err(format!(
             "message needs a {packet}-byte MQTT packet, above the {}-byte limit ({})",
@@ -229,7 +237,22 @@ fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Resul
         topic,
         envelope,
         expires_at: None,
+        routing,
     })
+}
+
+/// A publish's topic and the routing fields it sends as properties, for `placement`: in the
+/// property bag they become part of the topic.
+pub(crate) fn place(
+    placement: Option<Placement>,
+    topic: String,
+    fields: impl FnOnce() -> Routing,
+) -> (String, Option<Box<Routing>>) {
+    match placement {
+        None => (topic, None),
+        Some(Placement::UserProperties) => (topic, Some(Box::new(fields()))),
+        Some(Placement::PropertyBag) => (fields().in_property_bag(&topic), None),
+    }
 }
 
 /// Deletes (or, with a sent retention, moves to `outbox_sent`) the acknowledged rows, in one

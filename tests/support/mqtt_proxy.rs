@@ -45,6 +45,9 @@ pub struct Publish {
     pub retain: bool,
     pub pkid: u16,
     pub payload: Vec<u8>,
+    /// MQTT 5: its user properties, in order, and its Content Type property.
+    pub user_properties: Vec<(String, String)>,
+    pub content_type: Option<String>,
 }
 
 impl Publish {
@@ -560,9 +563,30 @@ fn parse_publish(packet: &[u8], level: u8) -> Option<Publish> {
     } else {
         0
     };
+    let (mut user_properties, mut content_type) = (Vec::new(), None);
     if level == 5 {
         let (props, used) = varint_at(b, at)?;
-        at += used + props;
+        at += used;
+        let mut p = b.get(at..at + props)?;
+        at += props;
+        while let Some((&id, rest)) = p.split_first() {
+            p = rest;
+            match id {
+                0x01 => p = p.get(1..)?,
+                0x02 => p = p.get(4..)?,
+                0x23 => p = p.get(2..)?,
+                0x0B => p = p.get(varint_at(p, 0)?.1..)?,
+                0x03 => content_type = Some(string_at(&mut p)?),
+                0x08 | 0x09 => {
+                    string_at(&mut p)?;
+                }
+                0x26 => {
+                    let name = string_at(&mut p)?;
+                    user_properties.push((name, string_at(&mut p)?));
+                }
+                _ => return None,
+            }
+        }
     }
     Some(Publish {
         topic,
@@ -570,7 +594,17 @@ fn parse_publish(packet: &[u8], level: u8) -> Option<Publish> {
         retain: packet[0] & 1 == 1,
         pkid,
         payload: b.get(at..)?.to_vec(),
+        user_properties,
+        content_type,
     })
+}
+
+/// A length-prefixed MQTT string at the front of `p`, taken off it.
+fn string_at(p: &mut &[u8]) -> Option<String> {
+    let len = usize::from(u16_at(p, 0)?);
+    let s = String::from_utf8_lossy(p.get(2..2 + len)?).into_owned();
+    *p = p.get(2 + len..)?;
+    Some(s)
 }
 
 /// An MQTT 5 PUBACK for the same packet id with reason `code` and no properties.

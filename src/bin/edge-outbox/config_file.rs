@@ -88,6 +88,8 @@ pub struct RelayFile {
     )]
     pub profile: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub routing_fields: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cert: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<PathBuf>,
@@ -373,6 +375,11 @@ pub fn merge(file: RelayFile, args: &mut RelayArgs, given: impl Fn(&str) -> bool
         given("single_session"),
     );
     take(&mut args.profile, file.profile.map(Some), given("profile"));
+    take(
+        &mut args.routing_fields,
+        file.routing_fields.map(Some),
+        given("routing_fields"),
+    );
     take(&mut args.cert, file.cert.map(Some), given("cert"));
     take(&mut args.key, file.key.map(Some), given("key"));
     take(
@@ -488,6 +495,7 @@ pub fn effective(args: &RelayArgs, db: &Path, busy_timeout: u64) -> RelayFile {
             .as_ref()
             .map(|_| args.single_session || args.profile.is_some()),
         profile: args.profile.clone(),
+        routing_fields: Some(args.routing_fields.unwrap_or(args.profile.is_some())),
         cert: args.cert.clone(),
         key: args.key.clone(),
         status_topic: args.status_topic.clone(),

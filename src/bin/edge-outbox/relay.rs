@@ -100,6 +100,11 @@ pub struct RelayArgs {
     /// given explicitly override its settings; its rules stay.
     #[arg(long, value_name = "CLOUD", value_parser = ["aws-iot-core", "azure-iot-hub", "azure-event-grid"])]
     pub profile: Option<String>,
+    /// Repeat each message's id, src, ep, seq, key and type outside the payload, for a cloud's
+    /// rules engine: MQTT 5 user properties, or Azure IoT Hub's property bag [default: on with
+    /// a --profile, else off].
+    #[arg(long, value_name = "on|off", value_parser = clap::builder::BoolishValueParser::new())]
+    pub routing_fields: Option<bool>,
     /// Client certificate chain (PEM) for mutual TLS (mqtts only; with --key).
     #[arg(long, value_name = "FILE", requires = "key")]
     pub cert: Option<PathBuf>,
@@ -438,6 +443,9 @@ pub fn config(args: &RelayArgs) -> Result<RelayConfig> {
     }
     if args.single_session {
         config = config.single_session(true);
+    }
+    if let Some(on) = args.routing_fields {
+        config = config.routing_fields(on);
     }
     if let Some(file) = &args.metrics_file {
         config = config.metrics_file(file);

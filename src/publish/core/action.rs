@@ -57,6 +57,8 @@ pub(crate) struct Outgoing {
     pub alias: Option<(u16, bool)>,
     /// MQTT 5's message expiry interval, in seconds.
     pub expiry: Option<u32>,
+    /// Routing fields to send as MQTT 5 user properties.
+    pub routing: Option<Box<crate::routing_fields::Routing>>,
     /// Rows it stands for (0 for a gap notice), and rows handed over now, for the status: counted
     /// once it is handed over, not before (a hand-over that fails counts nothing).
     pub rows: usize,

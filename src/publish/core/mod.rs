@@ -455,6 +455,17 @@ impl Core {
         }
     }
 
+    /// Bytes a batch's routing fields may add to its properties (see
+    /// [`crate::routing_fields::Routing::batch`]).
+    fn batch_routing_bytes(&self) -> usize {
+        match self.config.routing_placement() {
+            Some(crate::routing_fields::Placement::UserProperties) => {
+                crate::routing_fields::BATCH_BYTES_BESIDE_SOURCE + self.config.source.len()
+            }
+            _ => 0,
+        }
+    }
+
     /// Asks for a new connection (at most once per connection).
     fn renew(&mut self, cause: crate::mqtt::event::Cause) {
         if let Some(live) = &mut self.live

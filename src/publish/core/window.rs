@@ -92,7 +92,7 @@ impl Core {
 
     /// The next publish from the lane served next: one row, or a batch of them.
     fn take_next(&mut self, now: Instant) -> Next {
-        let properties = self.properties();
+        let properties = self.properties() + self.batch_routing_bytes();
         let probing = self.probe_until.is_some();
         let Some(live) = &self.live else {
             return Next::Wait;
@@ -164,6 +164,7 @@ impl Core {
             envelope: row.envelope,
             alias,
             expiry,
+            routing: row.routing,
             rows: rows.len(),
             in_flight: self.tracker.in_flight(),
             resent,

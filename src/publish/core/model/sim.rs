@@ -189,6 +189,7 @@ impl World {
                     epochs: &self.epochs,
                     allow_dollar: false,
                     cloud: None,
+                    routing: None,
                     ttl: &self.config.ttl,
                     #[cfg(feature = "schemas")]
                     schemas: None,
