@@ -2,7 +2,11 @@
 //!
 //! Specified in CDDL in `docs/wire-format.md`. Keys are short text strings written in a fixed
 //! order; decoders accept any order and ignore keys they do not know, so later versions can add
-//! optional fields without breaking consumers.
+//! optional fields without breaking consumers. The relay can also publish the same fields as JSON
+//! (`json`), which the decoders of published items read too.
+
+pub(crate) mod json;
+pub use json::EnvelopeFormat;
 
 use std::borrow::Cow;
 use std::cell::Cell;
@@ -364,8 +368,10 @@ pub enum Published {
 }
 
 impl Published {
-    /// Decodes what a relay published: an envelope (version 1 or 2) or a gap notice. Errors as
-    /// [`Envelope::decode`].
+    /// Decodes what a relay published: an envelope (version 1 or 2) or a gap notice, in CBOR or
+    /// in JSON ([`EnvelopeFormat::Json`], told apart by the first byte). Errors as
+    /// [`Envelope::decode`]. ([`Envelope::decode`] itself, which the inbox uses for commands,
+    /// reads CBOR only.)
     ///
     /// ```
     /// use edge_outbox::envelope::{GapCause, GapNotice, Published};
@@ -378,6 +384,9 @@ impl Published {
     /// # Ok::<(), edge_outbox::Error>(())
     /// ```
     pub fn decode(bytes: &[u8]) -> Result<Published> {
+        if json::is_json(bytes) {
+            return decode_counting(&json::to_cbor(bytes)?, &Cell::new(0));
+        }
         decode_counting(bytes, &Cell::new(0))
     }
 
@@ -397,6 +406,9 @@ impl Published {
     /// # Ok::<(), edge_outbox::Error>(())
     /// ```
     pub fn decode_all(bytes: &[u8]) -> Result<Vec<Published>> {
+        if json::is_json(bytes) {
+            return Published::decode_all(&json::to_cbor(bytes)?);
+        }
         match crate::batch_wire::unpack(bytes)? {
             None => Ok(vec![Published::decode(bytes)?]),
             Some(items) => items

@@ -151,6 +151,7 @@ pub use batch_wire::BATCH_VERSION;
 pub use batching::{Batching, Compression, MAX_BATCH_BYTES};
 pub use cloud_profile::CloudProfile;
 pub use commands::send_command;
+pub use envelope::EnvelopeFormat;
 pub use envelope::{Envelope, GapCause, GapNotice, MessageId, Published};
 pub use error::{Error, Result, SchemaMismatch};
 #[cfg(feature = "http-proxy")]

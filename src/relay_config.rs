@@ -64,6 +64,7 @@ pub struct RelayConfig {
     pub(crate) single_session: bool,
     pub(crate) cloud: Option<crate::CloudProfile>,
     pub(crate) routing_fields: bool,
+    pub(crate) format: crate::envelope::EnvelopeFormat,
     pub(crate) max_command_bytes: usize,
     pub(crate) command_read_limit: usize,
     pub(crate) retained_commands: bool,
@@ -100,6 +101,7 @@ impl RelayConfig {
             single_session: false,
             cloud: None,
             routing_fields: false,
+            format: crate::envelope::EnvelopeFormat::Cbor,
             max_command_bytes: 64 * 1024,
             command_read_limit: 16 * 1024 * 1024,
             retained_commands: false,
@@ -467,6 +469,30 @@ impl RelayConfig {
         self
     }
 
+    /// Publish envelopes in `format`: CBOR (the default) or JSON with the same fields, for a
+    /// cloud whose rules read JSON bodies (AWS IoT rules, IoT Hub message routing on the body,
+    /// Event Grid). See [`EnvelopeFormat`](crate::envelope::EnvelopeFormat) for the payloads JSON cannot
+    /// carry; a batch of JSON envelopes is a JSON object too, and cannot be compressed
+    /// ([`check`](Self::check) refuses zlib with JSON). Under MQTT 5 a JSON publish says so: the
+    /// Content Type `application/json` and the payload format indicator (UTF-8). Every decoder of
+    /// this crate reads both formats.
+    ///
+    /// ```
+    /// use edge_outbox::{EnvelopeFormat, MqttConfig, RelayConfig};
+    /// let config = RelayConfig::new(MqttConfig::new("broker.example", 8883).client_id("pump-17"))
+    ///     .envelope_format(EnvelopeFormat::Json);
+    /// assert!(config.check().is_ok());
+    /// ```
+    pub fn envelope_format(mut self, format: crate::envelope::EnvelopeFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// The envelope format (see [`envelope_format`](Self::envelope_format)).
+    pub fn format(&self) -> crate::envelope::EnvelopeFormat {
+        self.format
+    }
+
     /// Whether publishes carry routing fields (see [`routing_fields`](Self::routing_fields)).
     pub fn has_routing_fields(&self) -> bool {
         self.routing_fields
@@ -585,6 +611,14 @@ impl RelayConfig {
         for (filter, batching) in &self.batching {
             validate_filter(filter)?;
             batching.validate()?;
+            if self.format == crate::envelope::EnvelopeFormat::Json
+                && batching.compression == crate::batching::Compression::Zlib
+            {
+                return Err(Error::InvalidConfig(format!(
+                    "batches of {filter}: zlib makes a batch binary, and a JSON envelope is text; \
+                     batch JSON envelopes without compression"
+                )));
+            }
         }
         if self.max_command_bytes == 0 {
             return Err(Error::InvalidConfig(

@@ -7,7 +7,7 @@
 //!
 //! A leaf below the relay's settings, the publishing side and the MQTT client, which all use it.
 
-use crate::envelope::{Fields, GapFields};
+use crate::envelope::{EnvelopeFormat, Fields, GapFields};
 
 /// Where the fields go on this relay's connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,19 +19,18 @@ pub(crate) enum Placement {
     PropertyBag,
 }
 
-/// What every publish's payload is.
-pub(crate) const CONTENT_TYPE: &str = "application/cbor";
-
 /// A publish's routing fields, in the envelope's key order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Routing {
     pub pairs: Vec<(&'static str, String)>,
     pub content_type: &'static str,
+    /// IoT Hub's `$.ce`: its routing reads a body as JSON only with `utf-8` here.
+    pub content_encoding: Option<&'static str>,
 }
 
 /// Bytes a batch's fields take at most beside its source name (see [`Routing::batch`]): the
 /// content type, and `ep`, `seq` (a range) and `n` with their longest values.
-pub(crate) const BATCH_BYTES_BESIDE_SOURCE: usize = (3 + CONTENT_TYPE.len())
+pub(crate) const BATCH_BYTES_BESIDE_SOURCE: usize = (3 + "application/cbor".len())
     + (5 + "src".len())
     + (5 + "ep".len() + 20)
     + (5 + "seq".len() + 41)
@@ -40,7 +39,7 @@ pub(crate) const BATCH_BYTES_BESIDE_SOURCE: usize = (3 + CONTENT_TYPE.len())
 impl Routing {
     /// A message's fields: `id` (the UUID in text), `src`, `ep` (when it has an epoch), `seq`,
     /// `key` (also when empty) and `type` (when it has one).
-    pub(crate) fn message(f: &Fields<'_>) -> Routing {
+    pub(crate) fn message(f: &Fields<'_>, format: EnvelopeFormat) -> Routing {
         let mut pairs = Vec::with_capacity(6);
         pairs.push(("id", f.id.to_string()));
         pairs.push(("src", f.source.to_owned()));
@@ -52,24 +51,27 @@ impl Routing {
         if let Some(t) = f.event_type {
             pairs.push(("type", t.to_owned()));
         }
+        Routing::with(pairs, format)
+    }
+
+    fn with(pairs: Vec<(&'static str, String)>, format: EnvelopeFormat) -> Routing {
         Routing {
             pairs,
-            content_type: CONTENT_TYPE,
+            content_type: format.content_type(),
+            content_encoding: (format == EnvelopeFormat::Json).then_some("utf-8"),
         }
     }
 
     /// A gap notice's: `id`, `src`, `ep`, `gap` (`first-last`) and `cause`.
-    pub(crate) fn notice(g: &GapFields<'_>) -> Routing {
-        Routing {
-            pairs: vec![
-                ("id", g.id.to_string()),
-                ("src", g.source.to_owned()),
-                ("ep", g.epoch.to_string()),
-                ("gap", format!("{}-{}", g.first, g.last)),
-                ("cause", g.cause.to_owned()),
-            ],
-            content_type: CONTENT_TYPE,
-        }
+    pub(crate) fn notice(g: &GapFields<'_>, format: EnvelopeFormat) -> Routing {
+        let pairs = vec![
+            ("id", g.id.to_string()),
+            ("src", g.source.to_owned()),
+            ("ep", g.epoch.to_string()),
+            ("gap", format!("{}-{}", g.first, g.last)),
+            ("cause", g.cause.to_owned()),
+        ];
+        Routing::with(pairs, format)
     }
 
     /// A batch's, from its members' (in order): `src`, `ep`, `seq` as the range `first-last`, and
@@ -90,6 +92,7 @@ impl Routing {
         Some(Routing {
             pairs,
             content_type: first.content_type,
+            content_encoding: first.content_encoding,
         })
     }
 
@@ -112,6 +115,10 @@ impl Routing {
         }
         out.push_str("%24.ct=");
         url_encode_into(&mut out, self.content_type);
+        if let Some(ce) = self.content_encoding {
+            out.push_str("&%24.ce=");
+            url_encode_into(&mut out, ce);
+        }
         for (name, value) in &self.pairs {
             out.push('&');
             if crate::mutant::active("property-bag-unencoded") {
@@ -164,7 +171,7 @@ mod tests {
     #[test]
     fn a_message_carries_the_envelopes_routing_fields_in_its_order() {
         let id = MessageId::from_key("a");
-        let r = Routing::message(&fields(&id, "k"));
+        let r = Routing::message(&fields(&id, "k"), EnvelopeFormat::Cbor);
         let names: Vec<&str> = r.pairs.iter().map(|(k, _)| *k).collect();
         assert_eq!(names, ["id", "src", "ep", "seq", "key", "type"]);
         assert_eq!(r.pairs[0].1, id.to_string());
@@ -174,7 +181,7 @@ mod tests {
     #[test]
     fn the_property_bag_encodes_what_would_end_a_pair_or_a_level() {
         let id = MessageId::from_key("a");
-        let r = Routing::message(&fields(&id, "a/b&c=d e+#%é"));
+        let r = Routing::message(&fields(&id, "a/b&c=d e+#%é"), EnvelopeFormat::Cbor);
         let topic = r.in_property_bag("devices/d/messages/events/");
         assert!(topic.starts_with("devices/d/messages/events/%24.ct=application%2Fcbor&id="));
         assert!(
@@ -187,6 +194,13 @@ mod tests {
             kept.starts_with("devices/d/messages/events/mine=1&%24.ct="),
             "{kept}"
         );
+        // IoT Hub routes on a JSON body only with its content type and encoding set.
+        let json = Routing::message(&fields(&id, "k"), EnvelopeFormat::Json)
+            .in_property_bag("devices/d/messages/events/");
+        assert!(
+            json.starts_with("devices/d/messages/events/%24.ct=application%2Fjson&%24.ce=utf-8&id="),
+            "{json}"
+        );
     }
 
     #[test]
@@ -198,7 +212,7 @@ mod tests {
             .map(|(i, id)| {
                 let mut f = fields(id, "k");
                 f.seq = 10 + i as u64;
-                Routing::message(&f)
+                Routing::message(&f, EnvelopeFormat::Cbor)
             })
             .collect();
         let b = Routing::batch(members.iter()).expect("a batch");

@@ -467,11 +467,14 @@ pub(crate) struct Extra<'a> {
     pub expiry: Option<u32>,
     /// Routing fields: user properties and the content type.
     pub routing: Option<&'a crate::routing_fields::Routing>,
+    /// The payload is a JSON envelope: say so (Content Type `application/json`, payload format
+    /// indicator UTF-8), so that a broker that forwards JSON as JSON (Event Grid) does.
+    pub json: bool,
 }
 
 impl Extra<'_> {
     fn is_empty(&self) -> bool {
-        self.alias.is_none() && self.expiry.is_none() && self.routing.is_none()
+        self.alias.is_none() && self.expiry.is_none() && self.routing.is_none() && !self.json
     }
 }
 
@@ -502,7 +505,9 @@ impl MqttClient {
                     ),
                     None => (Vec::new(), None),
                 };
+                let content_type = content_type.or_else(|| extra.json.then(|| "application/json".to_owned()));
                 let properties = v5p::PublishProperties {
+                    payload_format_indicator: extra.json.then_some(1),
                     topic_alias: extra.alias.map(|(n, _)| n),
                     message_expiry_interval: extra.expiry,
                     user_properties,

@@ -40,6 +40,8 @@ pub(crate) struct Front<'a> {
     /// Publishing one at a time to find a bad row (poison isolation): never batch then.
     pub probing: bool,
     pub now: Instant,
+    /// JSON envelopes: a batch of them is JSON too (see [`take`]).
+    pub json: bool,
 }
 
 /// Decides for the front of `ready`. `linger` remembers when the current front row's partial
@@ -55,15 +57,23 @@ pub(crate) fn next(ready: &VecDeque<Ready>, f: &Front<'_>, linger: &mut Option<(
         return Step::Single;
     };
     // Fixed header (1), remaining length (up to 4), topic length (2), topic, packet id (2).
-    let mqtt = 1 + 4 + 2 + first.topic.len() + 2 + f.properties + BATCH_OVERHEAD;
+    let overhead = if f.json {
+        crate::envelope::json::BATCH_OVERHEAD
+    } else {
+        BATCH_OVERHEAD
+    };
+    let mqtt = 1 + 4 + 2 + first.topic.len() + 2 + f.properties + overhead;
     let budget = rule.max_bytes.min(f.max_packet.saturating_sub(mqtt));
+    // A JSON batch puts a comma before each member but the first.
+    let separator = usize::from(f.json);
     let (mut n, mut bytes, mut closed) = (0, 0, false);
     for row in ready {
-        if gaps::is_notice(row.seq) || row.topic != first.topic || bytes + row.envelope.len() > budget {
+        let size = row.envelope.len() + separator;
+        if gaps::is_notice(row.seq) || row.topic != first.topic || bytes + size > budget {
             closed = true;
             break;
         }
-        bytes += row.envelope.len();
+        bytes += size;
         n += 1;
     }
     let send = |n: usize| {
@@ -97,14 +107,20 @@ pub(crate) fn next(ready: &VecDeque<Ready>, f: &Front<'_>, linger: &mut Option<(
 /// Takes the first `n` rows of `ready` and packs them: the batch's publish, as a `Ready` whose
 /// `seq` is its first row's, and the rows themselves, in order (kept until it is handed over: a
 /// publish held back by the pace is unpacked again if one of them expires meanwhile).
-pub(crate) fn take(ready: &mut VecDeque<Ready>, n: usize, rule: &Batching) -> (Ready, Vec<Ready>) {
+pub(crate) fn take(
+    ready: &mut VecDeque<Ready>,
+    n: usize,
+    rule: &Batching,
+    json: bool,
+) -> (Ready, Vec<Ready>) {
     let rows: Vec<Ready> = ready.drain(..n.min(ready.len())).collect();
     let bytes = rows.iter().map(|r| r.envelope.len()).sum();
-    let envelope = batch_wire::write_batch(
-        rows.iter().map(|r| r.envelope.as_slice()),
-        bytes,
-        rule.compression,
-    );
+    let members = rows.iter().map(|r| r.envelope.as_slice());
+    let envelope = if json {
+        crate::envelope::json::write_batch(members, bytes)
+    } else {
+        batch_wire::write_batch(members, bytes, rule.compression)
+    };
     // The broker may drop the batch once its expiry passes: the latest of its rows', so that no
     // row goes before its own time (none if any row has no lifetime).
     let expires_at = rows
@@ -162,6 +178,7 @@ mod tests {
             at_end,
             probing,
             now,
+            json: false,
         }
     }
 
@@ -223,7 +240,7 @@ mod tests {
     #[test]
     fn take_packs_rows_in_order() {
         let mut q: VecDeque<Ready> = [row(4, "t"), row(7, "t"), row(9, "u")].into();
-        let (publish, rows) = take(&mut q, 2, &Batching::new());
+        let (publish, rows) = take(&mut q, 2, &Batching::new(), false);
         let seqs: Vec<Seq> = rows.iter().map(|r| r.seq).collect();
         assert_eq!((publish.seq, publish.topic.as_str(), seqs), (4, "t", vec![4, 7]));
         assert_eq!(q.len(), 1);

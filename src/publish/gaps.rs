@@ -173,7 +173,12 @@ fn encode(cfg: &Encoding<'_>, first: &GapRow, last_seq: i64, token: i64) -> Read
         why,
         created_ms: u64::try_from(first.removed_at).unwrap_or(0),
     };
-    write_gap_notice(&mut envelope, &fields);
+    match cfg.format {
+        crate::envelope::EnvelopeFormat::Json => {
+            crate::envelope::json::write_gap_notice(&mut envelope, &fields)
+        }
+        _ => write_gap_notice(&mut envelope, &fields),
+    }
     let cloud_ok = cfg.cloud.is_none_or(|rules| rules.check(&first.topic).is_ok());
     let topic = match crate::topic::check(&first.topic, cfg.allow_dollar) {
         Ok(()) if cloud_ok => first.topic.clone(),
@@ -184,7 +189,7 @@ fn encode(cfg: &Encoding<'_>, first: &GapRow, last_seq: i64, token: i64) -> Read
             .unwrap_or(crate::store::gaps::FALLBACK_TOPIC)
             .to_owned(),
     };
-    let (topic, routing) = super::rows::place(cfg.routing, topic, || Routing::notice(&fields));
+    let (topic, routing) = super::rows::place(cfg.routing, topic, || Routing::notice(&fields, cfg.format));
     Ready {
         expires_at: None,
         seq: token,

@@ -198,6 +198,7 @@ impl Publisher {
                         alias: p.alias,
                         expiry: p.expiry,
                         routing: p.routing.as_deref(),
+                        json: self.config.format() == crate::envelope::EnvelopeFormat::Json,
                     };
                     c.try_publish(&p.topic, QoS::AtLeastOnce, false, envelope, extra)
                         .is_ok()
@@ -271,6 +272,7 @@ impl Publisher {
             allow_dollar: self.options.limits.dollar_topics_allowed(),
             cloud: self.options.limits.cloud_rules(),
             routing: self.config.routing_placement(),
+            format: self.config.format(),
             ttl: &self.config.ttl,
             #[cfg(feature = "schemas")]
             schemas: Some(&self.options.limits.schemas),

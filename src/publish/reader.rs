@@ -18,6 +18,7 @@ pub(crate) struct Context<'a> {
     pub cloud: Option<&'a crate::cloud_profile::TopicRules>,
     /// Where routing fields go, when the relay sends them.
     pub routing: Option<crate::routing_fields::Placement>,
+    pub format: crate::envelope::EnvelopeFormat,
     pub ttl: &'a [(String, std::time::Duration)],
     /// The file's payload schemas: a row that does not match its schema is not published.
     #[cfg(feature = "schemas")]
@@ -35,6 +36,7 @@ pub(crate) fn read(conn: &Connection, ctx: &Context<'_>, req: &ReadRequest) -> R
         allow_dollar: ctx.allow_dollar,
         cloud: ctx.cloud,
         routing: ctx.routing,
+        format: ctx.format,
         ttl: ctx.ttl,
         now_ms: req.now_ms,
         #[cfg(feature = "schemas")]

@@ -49,6 +49,8 @@ pub(crate) struct Encoding<'a> {
     pub cloud: Option<&'a crate::cloud_profile::TopicRules>,
     /// Where each publish's routing fields go, if it carries them.
     pub routing: Option<Placement>,
+    /// CBOR or JSON envelopes.
+    pub format: crate::envelope::EnvelopeFormat,
     /// Lifetimes by topic filter, for rows written without an expiry of their own.
     pub ttl: &'a [(String, std::time::Duration)],
     /// Now, in Unix ms: a row whose expiry is at or before it is expired.
@@ -220,8 +222,13 @@ fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Resul
         event_type,
         headers,
     };
-    write_envelope(&mut envelope, &fields, payload);
-    let (topic, routing) = place(cfg.routing, topic, || Routing::message(&fields));
+    match cfg.format {
+        crate::envelope::EnvelopeFormat::Json => {
+            crate::envelope::json::write_envelope(&mut envelope, &fields, payload)?
+        }
+        _ => write_envelope(&mut envelope, &fields, payload),
+    }
+    let (topic, routing) = place(cfg.routing, topic, || Routing::message(&fields, cfg.format));
     let properties = cfg.properties + routing.as_ref().map_or(0, |r| r.property_bytes());
     // Fixed header (1), remaining length (up to 4), topic length (2), topic, packet id (2),
     // properties, payload.

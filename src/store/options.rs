@@ -55,6 +55,7 @@ pub struct Limits {
     classes: Vec<(String, super::class::MessageClass)>,
     /// A cloud's topic rules, with [`Limits::cloud`].
     cloud: Option<crate::cloud_profile::TopicRules>,
+    json_payloads: bool,
     /// The file's payload schemas, compiled when the store opens.
     #[cfg(feature = "schemas")]
     pub(crate) schemas: std::sync::Arc<crate::payload_schema::Registry>,
@@ -70,6 +71,7 @@ impl Default for Limits {
             on_full: OnFull::Reject,
             classes: Vec::new(),
             cloud: None,
+            json_payloads: false,
             #[cfg(feature = "schemas")]
             schemas: std::sync::Arc::default(),
         }
@@ -148,6 +150,35 @@ impl Limits {
             .saturating_sub(crate::cloud_profile::ENVELOPE_HEADROOM);
         self.cloud = Some(profile.topic_rules(device_id));
         self
+    }
+
+    /// Refuse, where it is written, a payload the JSON envelope cannot carry (a byte string, a
+    /// tag, a map key that is not text, a number outside 64 bits, NaN or an infinity), with
+    /// [`Error::Encode`] naming what and where: for a device whose relay publishes
+    /// [`EnvelopeFormat::Json`](crate::envelope::EnvelopeFormat::Json), which would otherwise
+    /// dead-letter it. Default false. Rows written through the SQL contract are not checked.
+    ///
+    /// ```
+    /// use edge_outbox::{Limits, Options, Outbox};
+    /// # let dir = tempfile::tempdir()?;
+    /// let limits = Limits::new().json_payloads(true);
+    /// let outbox = Outbox::open_with(dir.path().join("o.db"), Options::new().limits(limits))?;
+    /// outbox.transaction(|tx| tx.publish("pumps/17", "", &(21.5, "ok")))?;
+    /// let refused = outbox.transaction(|tx| tx.publish("pumps/17", "", &f64::NAN)).unwrap_err();
+    /// assert!(refused.to_string().contains("NaN"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn json_payloads(mut self, on: bool) -> Self {
+        self.json_payloads = on;
+        self
+    }
+
+    /// Checks that the JSON envelope can carry `payload`, if asked to.
+    pub(crate) fn check_json(&self, payload: &[u8]) -> Result<()> {
+        if self.json_payloads {
+            crate::envelope::json::payload_to_json(payload).map_err(Error::Encode)?;
+        }
+        Ok(())
     }
 
     /// The cloud's topic rules, if [`cloud`](Self::cloud) set them.

@@ -373,6 +373,7 @@ fn insert(tx: &Transaction<'_>, limits: &Limits, row: &Row<'_>) -> Result<(Messa
             max: limits.payload_limit(),
         });
     }
+    limits.check_json(row.payload)?;
     #[cfg(feature = "schemas")]
     if !limits.schemas.is_empty() && !crate::mutant::active("schema-unchecked-at-write") {
         let stamp = crate::payload_schema::check_and_stamp(

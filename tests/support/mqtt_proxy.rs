@@ -48,6 +48,8 @@ pub struct Publish {
     /// MQTT 5: its user properties, in order, and its Content Type property.
     pub user_properties: Vec<(String, String)>,
     pub content_type: Option<String>,
+    /// MQTT 5: its payload format indicator (1: UTF-8 text).
+    pub payload_format: Option<u8>,
 }
 
 impl Publish {
@@ -563,7 +565,7 @@ fn parse_publish(packet: &[u8], level: u8) -> Option<Publish> {
     } else {
         0
     };
-    let (mut user_properties, mut content_type) = (Vec::new(), None);
+    let (mut user_properties, mut content_type, mut payload_format) = (Vec::new(), None, None);
     if level == 5 {
         let (props, used) = varint_at(b, at)?;
         at += used;
@@ -572,7 +574,10 @@ fn parse_publish(packet: &[u8], level: u8) -> Option<Publish> {
         while let Some((&id, rest)) = p.split_first() {
             p = rest;
             match id {
-                0x01 => p = p.get(1..)?,
+                0x01 => {
+                    payload_format = Some(*p.first()?);
+                    p = p.get(1..)?;
+                }
                 0x02 => p = p.get(4..)?,
                 0x23 => p = p.get(2..)?,
                 0x0B => p = p.get(varint_at(p, 0)?.1..)?,
@@ -596,6 +601,7 @@ fn parse_publish(packet: &[u8], level: u8) -> Option<Publish> {
         payload: b.get(at..)?.to_vec(),
         user_properties,
         content_type,
+        payload_format,
     })
 }
 

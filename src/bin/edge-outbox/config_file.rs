@@ -90,6 +90,8 @@ pub struct RelayFile {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub routing_fields: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub envelope: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cert: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub key: Option<PathBuf>,
@@ -380,6 +382,7 @@ pub fn merge(file: RelayFile, args: &mut RelayArgs, given: impl Fn(&str) -> bool
         file.routing_fields.map(Some),
         given("routing_fields"),
     );
+    take(&mut args.envelope, file.envelope.map(Some), given("envelope"));
     take(&mut args.cert, file.cert.map(Some), given("cert"));
     take(&mut args.key, file.key.map(Some), given("key"));
     take(
@@ -496,6 +499,7 @@ pub fn effective(args: &RelayArgs, db: &Path, busy_timeout: u64) -> RelayFile {
             .map(|_| args.single_session || args.profile.is_some()),
         profile: args.profile.clone(),
         routing_fields: Some(args.routing_fields.unwrap_or(args.profile.is_some())),
+        envelope: Some(args.envelope.clone().unwrap_or_else(|| "cbor".into())),
         cert: args.cert.clone(),
         key: args.key.clone(),
         status_topic: args.status_topic.clone(),

@@ -105,6 +105,10 @@ pub struct RelayArgs {
     /// a --profile, else off].
     #[arg(long, value_name = "on|off", value_parser = clap::builder::BoolishValueParser::new())]
     pub routing_fields: Option<bool>,
+    /// Publish CBOR envelopes, or JSON ones with the same fields for rules engines that read
+    /// JSON bodies (a payload JSON cannot carry is dead-lettered) [default: cbor].
+    #[arg(long, value_name = "FORMAT", value_parser = ["cbor", "json"])]
+    pub envelope: Option<String>,
     /// Client certificate chain (PEM) for mutual TLS (mqtts only; with --key).
     #[arg(long, value_name = "FILE", requires = "key")]
     pub cert: Option<PathBuf>,
@@ -446,6 +450,9 @@ pub fn config(args: &RelayArgs) -> Result<RelayConfig> {
     }
     if let Some(on) = args.routing_fields {
         config = config.routing_fields(on);
+    }
+    if let Some(format) = &args.envelope {
+        config = config.envelope_format(format.parse()?);
     }
     if let Some(file) = &args.metrics_file {
         config = config.metrics_file(file);

@@ -450,6 +450,10 @@ impl Core {
     /// Bytes of MQTT properties a publish may carry on this connection.
     fn properties(&self) -> usize {
         match self.config.mqtt.version() {
+            Protocol::V5 if self.config.format() == crate::envelope::EnvelopeFormat::Json => {
+                // The payload format indicator, and the content type.
+                V5_PROPERTIES + 2 + 3 + "application/json".len()
+            }
             Protocol::V5 => V5_PROPERTIES,
             Protocol::V311 => 0,
         }

@@ -111,6 +111,7 @@ impl Core {
                 at_end: self.lane_end[lane],
                 probing,
                 now,
+                json: self.config.format() == crate::envelope::EnvelopeFormat::Json,
             };
             batch::next(queue, &front, &mut self.linger)
         };
@@ -123,7 +124,8 @@ impl Core {
                 None => return Next::Wait,
             },
             Step::Batch(n, rule) => {
-                let (row, members) = batch::take(queue, n, &rule);
+                let json = self.config.format() == crate::envelope::EnvelopeFormat::Json;
+                let (row, members) = batch::take(queue, n, &rule, json);
                 (row, Some(members))
             }
         };

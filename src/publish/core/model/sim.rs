@@ -190,6 +190,7 @@ impl World {
                     allow_dollar: false,
                     cloud: None,
                     routing: None,
+                    format: crate::envelope::EnvelopeFormat::Cbor,
                     ttl: &self.config.ttl,
                     #[cfg(feature = "schemas")]
                     schemas: None,
