@@ -123,6 +123,7 @@ pub mod envelope;
 mod error;
 #[doc(hidden)]
 pub mod failpoint;
+mod latest;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 mod mqtt;
@@ -154,6 +155,7 @@ pub use commands::send_command;
 pub use envelope::EnvelopeFormat;
 pub use envelope::{Envelope, GapCause, GapNotice, MessageId, Published};
 pub use error::{Error, Result, SchemaMismatch};
+pub use latest::{LatestStats, LatestValues};
 #[cfg(feature = "http-proxy")]
 pub use mqtt::HttpProxy;
 pub use mqtt::status::AckLatency;

@@ -69,6 +69,9 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // The JSON envelope carries a payload JSON has no form for by changing it (a byte string as
     // hex text, NaN as null) instead of setting it aside: the cloud gets other data than written.
     ("json-lossy-payload", "tests/json_envelope.rs"),
+    // A latest-values commit that fails (the file busy) drops the values it held instead of
+    // keeping them for the next interval: a reading is lost although the file was only busy.
+    ("latest-dropped-on-failure", "tests/latest_values.rs"),
     // A retried outgoing dead letter goes back in lane 0, with no lifetime, not evictable.
     ("retry-loses-settings", "tests/outbox_dead_letter_retry.rs"),
     // Receiving verifies with the handle's own keys only, not the file's: a keyless handle (the

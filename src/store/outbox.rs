@@ -292,6 +292,31 @@ pub fn enqueue(tx: &Transaction<'_>, limits: &Limits, message: &Message) -> Resu
 }
 
 impl Message {
+    /// Its topic and key: what a newer value of it replaces.
+    pub(crate) fn slot(&self) -> (&str, &str) {
+        (&self.topic, &self.key)
+    }
+
+    /// What a send checks of the message itself, without a transaction: its topic, size,
+    /// payload form and priority (not the pending limits, nor a payload schema, which need the
+    /// file).
+    pub(crate) fn check(&self, limits: &Limits) -> Result<()> {
+        limits.check_topic(&self.topic)?;
+        if self.payload.len() > limits.payload_limit() {
+            return Err(Error::PayloadTooLarge {
+                size: self.payload.len(),
+                max: limits.payload_limit(),
+            });
+        }
+        limits.check_json(&self.payload)?;
+        match self.priority {
+            Some(p) if p > MAX_PRIORITY => Err(Error::InvalidConfig(format!(
+                "message priority {p} is above the highest, {MAX_PRIORITY}"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// The row to insert; `headers` holds the encoded headers it refers to.
     fn row<'a>(&'a self, headers: &'a mut Vec<u8>) -> Row<'a> {
         if !self.headers.is_empty() {
