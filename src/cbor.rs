@@ -19,6 +19,8 @@ const NEGINT: u8 = 1;
 const TAG: u8 = 6;
 const SIMPLE: u8 = 7;
 const INDEFINITE: u8 = 31;
+/// The one-byte head of `undefined` (simple value 23).
+const UNDEFINED: u8 = 0xf7;
 
 /// Appends an item head: the major type and its argument, in the shortest form.
 pub(crate) fn write_head(out: &mut Vec<u8>, major: u8, arg: u64) {
@@ -53,6 +55,9 @@ pub(crate) fn write_bytes(out: &mut Vec<u8>, b: &[u8]) {
 pub(crate) struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// A tag or `undefined` was skipped: what JSON has no form for, and a generic decoder turns
+    /// into something else (a bignum into an integer, `undefined` into null).
+    saw_tag_or_undefined: bool,
 }
 
 /// An item head: major type, and the argument (a length, a value, or `None` for indefinite).
@@ -82,7 +87,11 @@ pub(crate) fn kind(major: u8) -> &'static str {
 
 impl<'a> Reader<'a> {
     pub(crate) fn new(buf: &'a [u8]) -> Self {
-        Reader { buf, pos: 0 }
+        Reader {
+            buf,
+            pos: 0,
+            saw_tag_or_undefined: false,
+        }
     }
 
     pub(crate) fn position(&self) -> usize {
@@ -220,6 +229,7 @@ impl<'a> Reader<'a> {
         if depth > MAX_DEPTH {
             return Err(malformed(format!("CBOR nested deeper than {MAX_DEPTH}")));
         }
+        let start = self.pos;
         let head = self.head()?;
         match (head.major, head.arg) {
             (UINT | NEGINT, _) => Ok(()),
@@ -265,8 +275,15 @@ impl<'a> Reader<'a> {
                     count += 1;
                 }
             }
-            (TAG, _) => self.skip(depth + 1),
+            (TAG, _) => {
+                self.saw_tag_or_undefined = true;
+                self.skip(depth + 1)
+            }
             (SIMPLE, None) => Err(malformed("unexpected CBOR break")),
+            (SIMPLE, Some(_)) if self.buf.get(start) == Some(&UNDEFINED) => {
+                self.saw_tag_or_undefined = true;
+                Ok(())
+            }
             // Floats and simple values carry their value in the head; nothing follows.
             (SIMPLE, Some(_)) => Ok(()),
             _ => Err(malformed(format!("unknown CBOR major type {}", head.major))),
@@ -276,6 +293,13 @@ impl<'a> Reader<'a> {
 
 fn array<const N: usize>(s: &[u8]) -> Result<[u8; N]> {
     s.try_into().map_err(|_| malformed("truncated CBOR head"))
+}
+
+/// Whether the well-formed item `bytes` holds a tag or `undefined` anywhere.
+pub(crate) fn has_tag_or_undefined(bytes: &[u8]) -> Result<bool> {
+    let mut r = Reader::new(bytes);
+    r.item()?;
+    Ok(r.saw_tag_or_undefined)
 }
 
 /// Checks that `bytes` hold exactly one well-formed CBOR item.

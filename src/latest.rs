@@ -24,11 +24,13 @@ use crate::store::{Message, Outbox};
 ///
 /// **Durability, plainly:** a value is durable once its interval's commit returns (with
 /// `synchronous = FULL`, or once the WAL is synced under NORMAL), exactly as a message committed
-/// by hand; a value set since the last commit is in memory only, and a power cut or a crash
-/// loses it (at most `interval` of readings, and of those only the latest per key mattered). A
-/// committed one is never lost. [`flush`](Self::flush) commits at once, and
-/// [`close`](Self::close) commits what is left and stops the thread; dropping the handle does
-/// the same, logging a failure instead of returning it.
+/// by hand; a value set since the last successful commit is in memory only, and a power cut or a
+/// crash loses it (one `interval` of readings while commits succeed, of which only the latest per
+/// key mattered; longer while the file refuses commits). A committed one is never lost.
+/// [`flush`](Self::flush) commits at once, and [`close`](Self::close) commits what is left and
+/// stops the thread, returning the error if that last commit fails (the values, never committed,
+/// go with the handle: call `flush` until it succeeds first where they must not); dropping the
+/// handle does the same, logging a failure instead of returning it.
 ///
 /// [`set`](Self::set) checks the message as a send would (topic, payload size, payload form,
 /// priority) and returns the error at once: bad input never reaches the commit. A commit that
@@ -266,14 +268,16 @@ fn commit(shared: &Shared) -> Result<usize> {
 /// Whether `e` refuses the message itself (its schema, its form), not the moment (busy, full,
 /// I/O): such a message would fail every later commit too.
 fn refuses_the_message(e: &Error) -> bool {
-    matches!(
-        e,
+    match e {
         Error::InvalidTopic { .. }
-            | Error::PayloadTooLarge { .. }
-            | Error::SchemaViolation(_)
-            | Error::Encode(_)
-            | Error::InvalidConfig(_)
-    )
+        | Error::PayloadTooLarge { .. }
+        | Error::SchemaViolation(_)
+        | Error::Encode(_)
+        | Error::InvalidConfig(_) => true,
+        // A message with its own id that is pending already (`Message::with_id`).
+        Error::Sqlite(e) => e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation),
+        _ => false,
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

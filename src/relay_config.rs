@@ -441,9 +441,10 @@ impl RelayConfig {
 
     /// Repeat each message's routing fields outside its payload, where a cloud's rules engine
     /// reads them without decoding CBOR: `id` (the UUID in text), `src`, `ep`, `seq`, `key`
-    /// and `type` (when the message has one), with the content type `application/cbor`. A gap
-    /// notice carries `id`, `src`, `ep`, `gap` (`first-last`) and `cause`; a batch `src`,
-    /// `ep`, `seq` (`first-last`) and `n` (its members' own fields are inside it).
+    /// and `type` (when the message has one), with the content type (`application/cbor`, or
+    /// `application/json` with [`envelope_format`](Self::envelope_format) JSON). A gap notice
+    /// carries `id`, `src`, `ep`, `gap` (`first-last`) and `cause`; a batch `src`, `ep`, `seq`
+    /// (`first-last`) and `n` (its members' own fields are inside it).
     ///
     /// Under MQTT 5 they are user properties, and the content type the Content Type property
     /// (AWS IoT rules read them with `get_user_property` and `get_mqtt_property`; Event Grid

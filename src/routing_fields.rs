@@ -96,6 +96,14 @@ impl Routing {
         })
     }
 
+    /// The value of the field `name`, if it has one.
+    pub(crate) fn value(&self, name: &str) -> Option<&str> {
+        self.pairs
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
     /// Bytes these fields add to an MQTT 5 PUBLISH's properties: each user property is an id
     /// byte and two length-prefixed strings, the content type an id byte and one; plus what the
     /// properties' length may grow by.

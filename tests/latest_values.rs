@@ -107,17 +107,29 @@ fn bad_input_is_refused_by_set_and_nothing_of_it_kept() -> TestResult {
 fn a_commit_the_file_is_too_busy_for_keeps_every_value() -> TestResult {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("device.db");
-    let outbox = Outbox::open_with(&path, Options::new().busy_timeout(Duration::from_millis(50)))?;
+    let outbox = Outbox::open_with(&path, Options::new().busy_timeout(Duration::from_millis(500)))?;
     let latest = LatestValues::start(&outbox, Duration::from_secs(3600))?;
     latest.set(TOPIC, "a", &1)?;
     latest.set(TOPIC, "b", &1)?;
+    latest.set(TOPIC, "c", &1)?;
     // Another process holds the write lock past the busy timeout.
     let other = rusqlite::Connection::open(&path)?;
     other.execute_batch("BEGIN IMMEDIATE")?;
-    let failed = latest.flush().expect_err("the file is busy");
+    // While that commit waits for the lock: a newer value of a, and a first one of d.
+    let failed = std::thread::scope(|s| -> TestResult<Error> {
+        let flushing = s.spawn(|| latest.flush());
+        std::thread::sleep(Duration::from_millis(150));
+        latest.set(TOPIC, "a", &2)?;
+        latest.set(TOPIC, "d", &2)?;
+        match flushing.join() {
+            Ok(Err(e)) => Ok(e),
+            Ok(Ok(n)) => Err(format!("the file was busy, yet {n} values were committed").into()),
+            Err(_) => Err("the flush panicked".into()),
+        }
+    })?;
     assert!(latest.stats().last_error.is_some(), "{failed}");
-    // A newer value of one key meanwhile: it wins; the other key's value is still there.
-    latest.set(TOPIC, "a", &2)?;
+    // After the failure, a newer value of c: it wins too.
+    latest.set(TOPIC, "c", &3)?;
     other.execute_batch("COMMIT")?;
     let flushed = latest.flush()?;
     let pending: Vec<(String, Vec<u8>)> = outbox.with_connection(|c| {
@@ -127,10 +139,15 @@ fn a_commit_the_file_is_too_busy_for_keeps_every_value() -> TestResult {
     })?;
     assert_eq!(
         pending,
-        vec![("a".to_owned(), vec![2]), ("b".to_owned(), vec![1])],
-        "the busy commit lost no value"
+        vec![
+            ("a".to_owned(), vec![2]),
+            ("b".to_owned(), vec![1]),
+            ("c".to_owned(), vec![3]),
+            ("d".to_owned(), vec![2])
+        ],
+        "the busy commit lost no value, and a newer value of a key won"
     );
-    assert_eq!(flushed, 2, "both keys committed once the file was free");
+    assert_eq!(flushed, 4, "every key committed once the file was free");
     assert_eq!(latest.stats().last_error, None);
     latest.close()?;
     Ok(())

@@ -225,6 +225,13 @@ fn json_to_cbor(v: Json) -> Cbor {
 
 /// A CBOR payload as JSON, or where and why it cannot be.
 pub(crate) fn payload_to_json(item: &[u8]) -> std::result::Result<Json, String> {
+    // Before ciborium, which reads a bignum that fits as a plain integer and `undefined` as null:
+    // both would reach JSON changed instead of refused.
+    let unfit =
+        crate::cbor::has_tag_or_undefined(item).map_err(|e| format!("payload is not one CBOR item: {e}"))?;
+    if unfit && !crate::mutant::active("json-lossy-payload") {
+        return Err("the JSON envelope cannot carry this payload: it holds a tag or undefined".into());
+    }
     let value: Cbor =
         ciborium::from_reader(item).map_err(|e| format!("payload is not one CBOR item: {e}"))?;
     let mut path = String::from("p");
@@ -306,6 +313,15 @@ mod tests {
         );
         let nan = payload_to_json(&cbor(&f64::NAN)).expect_err("NaN");
         assert!(nan.contains("NaN"), "{nan}");
+        for (cbor, what) in [
+            (vec![0xc2, 0x41, 0x01], "bignum 1"),
+            (vec![0x81, 0xf7], "undefined in an array"),
+        ] {
+            let e = payload_to_json(&cbor).expect_err(what);
+            assert!(e.contains("tag or undefined"), "{what}: {e}");
+        }
+        // A half float whose last byte is 0xf7 is a number, not undefined.
+        assert!(payload_to_json(&[0xf9, 0x3c, 0xf7]).is_ok());
         let int_key =
             payload_to_json(&cbor(&std::collections::BTreeMap::from([(1, 2)]))).expect_err("int key");
         assert!(int_key.contains("not text"), "{int_key}");

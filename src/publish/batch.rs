@@ -66,10 +66,17 @@ pub(crate) fn next(ready: &VecDeque<Ready>, f: &Front<'_>, linger: &mut Option<(
     let budget = rule.max_bytes.min(f.max_packet.saturating_sub(mqtt));
     // A JSON batch puts a comma before each member but the first.
     let separator = usize::from(f.json);
+    // A batch's routing fields name one epoch: a run ends where the epoch changes (after a
+    // restore), as a gap notice's does.
+    let first_epoch = epoch_of(first);
     let (mut n, mut bytes, mut closed) = (0, 0, false);
     for row in ready {
         let size = row.envelope.len() + separator;
-        if gaps::is_notice(row.seq) || row.topic != first.topic || bytes + size > budget {
+        if gaps::is_notice(row.seq)
+            || row.topic != first.topic
+            || bytes + size > budget
+            || epoch_of(row) != first_epoch
+        {
             closed = true;
             break;
         }
@@ -107,6 +114,11 @@ pub(crate) fn next(ready: &VecDeque<Ready>, f: &Front<'_>, linger: &mut Option<(
 /// Takes the first `n` rows of `ready` and packs them: the batch's publish, as a `Ready` whose
 /// `seq` is its first row's, and the rows themselves, in order (kept until it is handed over: a
 /// publish held back by the pace is unpacked again if one of them expires meanwhile).
+/// The epoch a row's routing fields name (none without them).
+fn epoch_of(r: &Ready) -> Option<&str> {
+    r.routing.as_deref().and_then(|x| x.value("ep"))
+}
+
 pub(crate) fn take(
     ready: &mut VecDeque<Ready>,
     n: usize,

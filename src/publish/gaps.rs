@@ -189,7 +189,11 @@ fn encode(cfg: &Encoding<'_>, first: &GapRow, last_seq: i64, token: i64) -> Read
             .unwrap_or(crate::store::gaps::FALLBACK_TOPIC)
             .to_owned(),
     };
-    let (topic, routing) = super::rows::place(cfg.routing, topic, || Routing::notice(&fields, cfg.format));
+    // A notice's fields are short; a topic too long for them gets the notice without them.
+    let (topic, routing) = super::rows::place(cfg.routing, topic.clone(), || {
+        Routing::notice(&fields, cfg.format)
+    })
+    .unwrap_or((topic, None));
     Ready {
         expires_at: None,
         seq: token,

@@ -228,7 +228,7 @@ fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Resul
         }
         _ => write_envelope(&mut envelope, &fields, payload),
     }
-    let (topic, routing) = place(cfg.routing, topic, || Routing::message(&fields, cfg.format));
+    let (topic, routing) = place(cfg.routing, topic, || Routing::message(&fields, cfg.format))?;
     let properties = cfg.properties + routing.as_ref().map_or(0, |r| r.property_bytes());
     // Fixed header (1), remaining length (up to 4), topic length (2), topic, packet id (2),
     // properties, payload.
@@ -249,16 +249,42 @@ fn encode_row(row: &rusqlite::Row<'_>, cfg: &Encoding<'_>) -> std::result::Resul
 }
 
 /// A publish's topic and the routing fields it sends as properties, for `placement`: in the
-/// property bag they become part of the topic.
+/// property bag they become part of the topic (of an events topic: IoT Hub's own `$iothub/`
+/// topics take no bag). Refused when they do not fit where they go: MQTT writes a topic and each
+/// property's strings with a 16-bit length.
 pub(crate) fn place(
     placement: Option<Placement>,
     topic: String,
     fields: impl FnOnce() -> Routing,
-) -> (String, Option<Box<Routing>>) {
+) -> std::result::Result<(String, Option<Box<Routing>>), String> {
+    let too_long = |what: &str, len: usize| {
+        format!(
+            "with its routing fields, {what} is {len} bytes, above MQTT's {} (a key or event type \
+             this long cannot travel as a routing field: publish it with the fields off)",
+            crate::topic::MAX_TOPIC_BYTES
+        )
+    };
     match placement {
-        None => (topic, None),
-        Some(Placement::UserProperties) => (topic, Some(Box::new(fields()))),
-        Some(Placement::PropertyBag) => (fields().in_property_bag(&topic), None),
+        None => Ok((topic, None)),
+        Some(Placement::PropertyBag) if topic.starts_with('$') => Ok((topic, None)),
+        Some(Placement::UserProperties) => {
+            let routing = fields();
+            if let Some((name, v)) = routing
+                .pairs
+                .iter()
+                .find(|(_, v)| v.len() > crate::topic::MAX_TOPIC_BYTES)
+            {
+                return Err(too_long(&format!("user property {name}"), v.len()));
+            }
+            Ok((topic, Some(Box::new(routing))))
+        }
+        Some(Placement::PropertyBag) => {
+            let topic = fields().in_property_bag(&topic);
+            if topic.len() > crate::topic::MAX_TOPIC_BYTES {
+                return Err(too_long("the topic with its property bag", topic.len()));
+            }
+            Ok((topic, None))
+        }
     }
 }
 
@@ -439,6 +465,32 @@ mod tests {
                 "lane {lane}: {plan}"
             );
         }
+    }
+
+    #[test]
+    fn the_bag_goes_on_events_topics_only_and_must_fit() {
+        use crate::envelope::EnvelopeFormat;
+        use crate::routing_fields::{Placement, Routing};
+        let fields = |key: &str| Routing {
+            pairs: vec![("key", key.to_owned())],
+            content_type: EnvelopeFormat::Cbor.content_type(),
+            content_encoding: None,
+        };
+        let bag = Some(Placement::PropertyBag);
+        let (twin, _) = super::place(bag, "$iothub/twin/GET/?$rid=1".into(), || fields("k")).expect("fits");
+        assert_eq!(
+            twin, "$iothub/twin/GET/?$rid=1",
+            "IoT Hub's own topics take no bag"
+        );
+        let (events, _) =
+            super::place(bag, "devices/d/messages/events/".into(), || fields("k")).expect("fits");
+        assert!(events.ends_with("&key=k"), "{events}");
+        let long = "é".repeat(12_000);
+        let refused = super::place(bag, "devices/d/messages/events/".into(), || fields(&long));
+        assert!(refused.is_err_and(|e| e.contains("65535")));
+        let props = Some(Placement::UserProperties);
+        let refused = super::place(props, "t".into(), || fields(&"k".repeat(70_000)));
+        assert!(refused.is_err_and(|e| e.contains("user property key")));
     }
 
     #[test]
