@@ -58,7 +58,7 @@ impl Routing {
         Routing {
             pairs,
             content_type: format.content_type(),
-            content_encoding: (format == EnvelopeFormat::Json).then_some("utf-8"),
+            content_encoding: format.is_json().then_some("utf-8"),
         }
     }
 

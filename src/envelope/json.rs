@@ -47,6 +47,11 @@ impl EnvelopeFormat {
         }
     }
 
+    /// Whether it writes text (JSON) rather than CBOR.
+    pub(crate) fn is_json(self) -> bool {
+        self == EnvelopeFormat::Json
+    }
+
     /// The MIME type of what it writes.
     pub fn content_type(self) -> &'static str {
         match self {

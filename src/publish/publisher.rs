@@ -198,7 +198,7 @@ impl Publisher {
                         alias: p.alias,
                         expiry: p.expiry,
                         routing: p.routing.as_deref(),
-                        json: self.config.format() == crate::envelope::EnvelopeFormat::Json,
+                        json: self.config.format().is_json(),
                     };
                     c.try_publish(&p.topic, QoS::AtLeastOnce, false, envelope, extra)
                         .is_ok()

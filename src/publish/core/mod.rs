@@ -450,7 +450,7 @@ impl Core {
     /// Bytes of MQTT properties a publish may carry on this connection.
     fn properties(&self) -> usize {
         match self.config.mqtt.version() {
-            Protocol::V5 if self.config.format() == crate::envelope::EnvelopeFormat::Json => {
+            Protocol::V5 if self.config.format().is_json() => {
                 // The payload format indicator, and the content type.
                 V5_PROPERTIES + 2 + 3 + "application/json".len()
             }

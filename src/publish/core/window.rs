@@ -93,6 +93,7 @@ impl Core {
     /// The next publish from the lane served next: one row, or a batch of them.
     fn take_next(&mut self, now: Instant) -> Next {
         let properties = self.properties() + self.batch_routing_bytes();
+        let json = self.config.format().is_json();
         let probing = self.probe_until.is_some();
         let Some(live) = &self.live else {
             return Next::Wait;
@@ -111,7 +112,7 @@ impl Core {
                 at_end: self.lane_end[lane],
                 probing,
                 now,
-                json: self.config.format() == crate::envelope::EnvelopeFormat::Json,
+                json,
             };
             batch::next(queue, &front, &mut self.linger)
         };
@@ -124,7 +125,6 @@ impl Core {
                 None => return Next::Wait,
             },
             Step::Batch(n, rule) => {
-                let json = self.config.format() == crate::envelope::EnvelopeFormat::Json;
                 let (row, members) = batch::take(queue, n, &rule, json);
                 (row, Some(members))
             }
