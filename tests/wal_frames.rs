@@ -21,14 +21,17 @@ use rusqlite::params;
 /// Transactions measured per case (their median counts).
 const SAMPLES: usize = 41;
 
-const ORDERS: &str = "CREATE TABLE orders (n INTEGER PRIMARY KEY, order_id TEXT NOT NULL, total INTEGER NOT NULL)";
+const ORDERS: &str =
+    "CREATE TABLE orders (n INTEGER PRIMARY KEY, order_id TEXT NOT NULL, total INTEGER NOT NULL)";
 
 /// The frames one run of `write` appends to an empty WAL.
 fn frames(outbox: &Outbox, write: &mut dyn FnMut(&Outbox) -> TestResult) -> TestResult<i64> {
     outbox.with_connection(|c| c.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())))?;
     write(outbox)?;
     let (busy, log): (i64, i64) = outbox.with_connection(|c| {
-        c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| Ok((r.get(0)?, r.get(1)?)))
+        c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
     })?;
     assert_eq!(busy, 0, "nothing else holds the file");
     Ok(log)
@@ -78,7 +81,11 @@ fn order_with(outbox: &Outbox, n: u64, messages: u64, coalescing: bool) -> TestR
         )?;
         for m in 0..messages {
             // A coalescing stream keeps one key, so each message replaces the one before.
-            let key = if coalescing { "t1".to_owned() } else { format!("o-{n}-{m}") };
+            let key = if coalescing {
+                "t1".to_owned()
+            } else {
+                format!("o-{n}-{m}")
+            };
             let message = Message::new("orders/placed", key, &(n, m, "about a hundred bytes of event"))?
                 .coalescing(coalescing);
             tx.send(&message)?;
@@ -101,14 +108,22 @@ fn the_count_sees_an_extra_page_per_insert() -> TestResult {
         )
     })?;
     let broken = median_frames(&outbox, |o, n| order_with(o, n, 1, false))?;
-    assert_eq!(broken, plain + 1, "a page written at every insert shows as one frame more");
+    assert_eq!(
+        broken,
+        plain + 1,
+        "a page written at every insert shows as one frame more"
+    );
     Ok(())
 }
 
 #[test]
 fn one_message_per_transaction_writes_three_pages() -> TestResult {
     let (_dir, outbox) = store()?;
-    assert_eq!(median_frames(&outbox, order_only)?, 1, "a business row alone: its own page");
+    assert_eq!(
+        median_frames(&outbox, order_only)?,
+        1,
+        "a business row alone: its own page"
+    );
     // The business row's page, the outbox row's leaf, and sqlite_sequence (AUTOINCREMENT keeps
     // seq from being reused): the two the crate adds are the floor's one page and one more.
     assert_eq!(median_frames(&outbox, |o, n| order_with(o, n, 1, false))?, 3);
@@ -121,7 +136,10 @@ fn a_hundred_messages_per_transaction_share_their_pages() -> TestResult {
     let frames = median_frames(&outbox, |o, n| order_with(o, n, 100, false))?;
     // About 100 rows of ~130 bytes fill three or four 4 KiB leaves; plus the interior page that
     // points to them, sqlite_sequence and the business page: under a tenth of a page per message.
-    assert!(frames <= 8, "100 messages in one transaction wrote {frames} frames");
+    assert!(
+        frames <= 8,
+        "100 messages in one transaction wrote {frames} frames"
+    );
     Ok(())
 }
 
