@@ -119,3 +119,53 @@ fn malformed_command_bytes_are_acknowledged_and_dead_lettered_without_stopping_t
     assert_eq!(outbox.dead_letters(10).expect("dead letters").len(), 3);
     relay.shutdown().expect("shutdown");
 }
+
+const BURST: &str = "a_burst_of_queued_commands_is_stored_many_to_a_transaction";
+
+#[test]
+fn a_burst_of_queued_commands_is_stored_many_to_a_transaction() {
+    const N: usize = 200;
+    let broker = Broker::start().expect("broker");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let outbox = device(dir.path());
+    start(&outbox, relay_config(broker.addr(), "cmd-burst"))
+        .shutdown()
+        .expect("shutdown");
+    // Offline: the broker queues them all for the device's command session.
+    let commands: Vec<Vec<u8>> = (0..N).map(|_| command(1)).collect();
+    let messages: Vec<(&str, &[u8])> = commands.iter().map(|c| (TOPIC, c.as_slice())).collect();
+    publish_raw_many(broker.addr(), &messages, QoS::AtLeastOnce).expect("publish while offline");
+
+    // A reader polling the inbox as fast as it can sees every commit the intake makes: one per
+    // command would show as a count that climbs one by one; bursts show as a few steps.
+    let relay = start(&outbox, relay_config(broker.addr(), "cmd-burst"));
+    let mut seen = std::collections::BTreeSet::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let stored: usize = outbox
+            .with_connection(|c| c.query_row("SELECT count(*) FROM inbox", [], |r| r.get(0)))
+            .expect("count");
+        seen.insert(stored);
+        if stored == N || std::time::Instant::now() > deadline {
+            break;
+        }
+    }
+    assert!(
+        wait_until(|| balance(&outbox) == N as i64),
+        "every command applied once"
+    );
+    assert!(
+        seen.len() <= N / 10,
+        "the inbox grew through {} distinct counts, as if one commit per command: {seen:?}",
+        seen.len()
+    );
+    relay.shutdown().expect("shutdown");
+}
+
+#[test]
+fn a_commit_per_command_is_caught() -> Result<(), Box<dyn std::error::Error>> {
+    if support::mutant::in_mutant_run() {
+        return Ok(());
+    }
+    support::mutant::caught_by("command-commit-each", BURST, "as if one commit per command")
+}

@@ -60,8 +60,33 @@ pub(crate) enum Handled {
     IgnoredRetained,
 }
 
-/// Decides, then stores or sets aside one delivery on the session's connection.
-pub(crate) fn handle(
+/// One delivery of a burst: its topic, its bytes and its retain flag.
+pub(crate) struct Incoming<'a> {
+    pub topic: &'a str,
+    pub bytes: &'a [u8],
+    pub retained: bool,
+}
+
+/// Decides, then stores or sets aside each delivery of a burst on the session's connection, in
+/// one transaction: one commit (one sync of the file) for all of them, and none of them stored
+/// if it fails. In order, so a duplicate within the burst is found as one.
+pub(crate) fn handle_burst(
+    conn: &Connection,
+    options: &Options,
+    limits: DeliveryLimits,
+    burst: &[Incoming<'_>],
+) -> Result<Vec<Handled>> {
+    let _turn = gate::enter(conn, options.busy_timeout)?;
+    let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)?;
+    let handled = burst
+        .iter()
+        .map(|d| handle_one(&tx, options, limits, d.topic, d.bytes, d.retained))
+        .collect::<Result<Vec<_>>>()?;
+    tx.commit()?;
+    Ok(handled)
+}
+
+fn handle_one(
     conn: &Connection,
     options: &Options,
     limits: DeliveryLimits,
@@ -69,7 +94,6 @@ pub(crate) fn handle(
     bytes: &[u8],
     retained: bool,
 ) -> Result<Handled> {
-    let _turn = gate::enter(conn, options.busy_timeout)?;
     Ok(match admit(bytes.len(), retained, limits) {
         Admission::IgnoreRetained => Handled::IgnoredRetained,
         Admission::TooLarge(reason) => Handled::Received(refuse(conn, options, topic, None, &reason)?),

@@ -3,10 +3,14 @@
 //! It connects with a persistent session (`clean_session = false` under 3.1.1, a session that
 //! never expires under MQTT 5) and its own client id, so the broker queues commands while the
 //! device is offline, and with manual acks, so a command is acknowledged only after it is
-//! committed in the inbox. Acks are sent from the event-loop thread, in arrival order, once per
-//! delivery, before the next poll, and always on the connection the delivery came on: each
-//! connection has its own client, so an ack never reaches a newer connection (MQTT-4.6.0-2).
-//! Storing never waits on application code; applying is a separate step.
+//! committed in the inbox. Deliveries that arrive together (a burst: the broker's queue after an
+//! outage) are held until nothing more is waiting to be read, or another event comes, or
+//! [`MAX_BURST`] are held, and then stored in one transaction, so a burst costs one commit and
+//! one sync of the file rather than one per command; every one of them is acknowledged after
+//! that commit. Acks are sent from the event-loop thread, in arrival order, once per delivery,
+//! and always on the connection the delivery came on: each connection has its own client, so an
+//! ack never reaches a newer connection (MQTT-4.6.0-2). Storing never waits on application
+//! code; applying is a separate step.
 //!
 //! In single-session mode ([`RelayConfig::single_session`](crate::RelayConfig::single_session))
 //! the same [`Intake`] runs inside the publishing session's connection thread instead: it takes
@@ -24,7 +28,7 @@ use std::sync::Arc;
 use crossbeam_channel::{Receiver, Sender};
 use rusqlite::Connection;
 
-use super::delivery::{self, DeliveryLimits, Handled};
+use super::delivery::{self, DeliveryLimits, Handled, Incoming};
 use crate::error::Result;
 use crate::mqtt::backoff::Backoff;
 use crate::mqtt::driver::{Driver, Flow, SessionHandle, Signal};
@@ -63,8 +67,13 @@ impl CommandSession {
     }
 }
 
+/// The most deliveries held for one transaction. A broker sends no more than its in-flight
+/// window (or the client's receive maximum) without acknowledgements, so a burst is usually
+/// smaller; this bounds the memory and the transaction when it is not.
+pub(crate) const MAX_BURST: usize = 256;
+
 /// The receiving side of commands, for whichever session carries them: subscribes on every new
-/// connection, stores each delivery, and acknowledges it once stored.
+/// connection, stores each burst of deliveries, and acknowledges them once stored.
 pub(crate) struct Intake {
     pub conn: Connection,
     pub options: Options,
@@ -79,6 +88,8 @@ pub(crate) struct Intake {
     pub client: Option<MqttClient>,
     /// (Mutant only) deliveries acknowledged before they were stored.
     pub unstored: Vec<Delivery>,
+    /// Deliveries of the current burst, not yet stored nor acknowledged.
+    pub held: Vec<Delivery>,
     /// Runs in the publishing session's connection thread (single-session mode): a command the
     /// database will not take ends the connection instead of holding the thread, which also
     /// reads the publisher's PUBACKs and keeps the connection alive.
@@ -89,8 +100,21 @@ impl Intake {
     /// Acts on one signal of the session. Signals that are not about commands are left alone
     /// (see [`takes`](Self::takes)).
     pub(crate) fn on_signal(&mut self, signal: &Signal) -> Result<Flow> {
+        // Any other event of the connection ends a burst: store and acknowledge what is held
+        // first (in shared mode a stream of PUBACKs may never let the connection fall quiet).
+        let ends_burst = matches!(signal, Signal::Quiet)
+            || matches!(signal, Signal::Event(e) if !matches!(e, Event::Delivery(_)));
+        if ends_burst && !self.held.is_empty() {
+            let flow = self.store_and_ack()?;
+            if flow != Flow::Continue {
+                return Ok(flow);
+            }
+        }
         match signal {
             Signal::Connected(link) => {
+                // A burst belongs to its connection (the driver ends each with Disconnected,
+                // which stores it): never acknowledged on a newer one.
+                self.held.clear();
                 tracing::debug!(session_present = link.granted.session_present, filter = %self.filter, "command session connected");
                 if link.client.try_subscribe(&self.filter).is_err() {
                     tracing::error!("could not queue the command subscription");
@@ -114,36 +138,30 @@ impl Intake {
                 if let Some(i) = self.unstored.iter().position(|d| d.pkid() == *pkid) {
                     let delivery = self.unstored.remove(i);
                     crate::failpoint::hit("command-stored-before-ack");
-                    return self.store(&delivery);
+                    return self.store(std::slice::from_ref(&delivery));
                 }
             }
             // Acknowledged on the wire: the broker will not send it again.
             Signal::Event(Event::AckSent(_)) => crate::failpoint::hit("command-acked"),
             Signal::Event(Event::Delivery(delivery)) => {
-                // Store first; until it is stored the delivery is not acknowledged, and neither
-                // is anything after it (acks go in order).
-                if self.store(delivery)? == Flow::Stop {
-                    return Ok(Flow::Stop);
-                }
-                crate::failpoint::hit("command-stored-before-ack");
-                let acked = self.client.as_ref().is_some_and(|c| c.try_ack(delivery).is_ok());
-                if !acked {
-                    // Without this ack no later one may be sent: start a new connection and let
-                    // the broker redeliver (the inbox recognises the duplicate).
-                    tracing::warn!("could not queue a command ack; reconnecting");
-                    return Ok(Flow::Reconnect(Cause::new(
-                        CauseKind::Retry,
-                        "could not queue a command acknowledgement",
-                    )));
+                // Held, not acknowledged: stored with the rest of its burst, then acknowledged
+                // (and nothing after it is acknowledged before it: acks go in order).
+                self.held.push(Delivery::clone(delivery));
+                if self.held.len() >= MAX_BURST || crate::mutant::active("command-commit-each") {
+                    return self.store_and_ack();
                 }
             }
-            Signal::Event(_) => {}
+            Signal::Event(_) | Signal::Quiet => {}
             Signal::Disconnected(cause) => {
+                // The connection is gone, so nothing held can be acknowledged on it: store it
+                // now (the broker sends it again, and the inbox recognises the duplicate).
                 // (Mutant only) acks that never reached the wire: store what they were for.
-                for delivery in std::mem::take(&mut self.unstored) {
-                    if self.store(&delivery)? == Flow::Stop {
-                        return Ok(Flow::Stop);
-                    }
+                let unacked: Vec<Delivery> = std::mem::take(&mut self.held)
+                    .into_iter()
+                    .chain(std::mem::take(&mut self.unstored))
+                    .collect();
+                if self.store(&unacked)? == Flow::Stop {
+                    return Ok(Flow::Stop);
                 }
                 self.client = None;
                 self.status.set_commands_connected(false);
@@ -160,8 +178,33 @@ impl Intake {
     pub(crate) fn takes(signal: &Signal) -> bool {
         matches!(
             signal,
-            Signal::Event(Event::SubAck(_) | Event::Delivery(_) | Event::AckSent(_))
+            Signal::Event(Event::SubAck(_) | Event::Delivery(_) | Event::AckSent(_)) | Signal::Quiet
         )
+    }
+
+    /// Stores the held burst in one transaction, then acknowledges each delivery of it in order.
+    fn store_and_ack(&mut self) -> Result<Flow> {
+        let burst = std::mem::take(&mut self.held);
+        let flow = self.store(&burst)?;
+        if flow != Flow::Continue {
+            // Not stored (stopping, or the shared connection is renewed to receive it again):
+            // not acknowledged either.
+            return Ok(flow);
+        }
+        crate::failpoint::hit("command-stored-before-ack");
+        for delivery in &burst {
+            let acked = self.client.as_ref().is_some_and(|c| c.try_ack(delivery).is_ok());
+            if !acked {
+                // Without this ack no later one may be sent: start a new connection and let
+                // the broker redeliver (the inbox recognises the duplicate).
+                tracing::warn!("could not queue a command ack; reconnecting");
+                return Ok(Flow::Reconnect(Cause::new(
+                    CauseKind::Retry,
+                    "could not queue a command acknowledgement",
+                )));
+            }
+        }
+        Ok(Flow::Continue)
     }
 
     fn on_suback(&self, results: &[SubResult]) {
@@ -188,26 +231,30 @@ impl Intake {
         }
     }
 
-    /// Stores one delivery, retrying the database until it takes it or the relay stops.
-    fn store(&mut self, delivery: &Delivery) -> Result<Flow> {
-        let (topic, retain) = (delivery.topic.as_str(), delivery.retain);
-        let received = loop {
-            match delivery::handle(
-                &self.conn,
-                &self.options,
-                self.limits,
-                topic,
-                &delivery.payload,
-                retain,
-            ) {
-                Ok(r) => {
+    /// Stores a burst of deliveries in one transaction, retrying the database until it takes
+    /// them or the relay stops.
+    fn store(&mut self, burst: &[Delivery]) -> Result<Flow> {
+        if burst.is_empty() {
+            return Ok(Flow::Continue);
+        }
+        let incoming: Vec<Incoming<'_>> = burst
+            .iter()
+            .map(|d| Incoming {
+                topic: d.topic.as_str(),
+                bytes: &d.payload,
+                retained: d.retain,
+            })
+            .collect();
+        let handled = loop {
+            match delivery::handle_burst(&self.conn, &self.options, self.limits, &incoming) {
+                Ok(handled) => {
                     self.status.clear_error(Source::Storing);
-                    break r;
+                    break handled;
                 }
                 Err(e) if self.shared => {
                     // Unacknowledged, so the broker sends it again on the next connection, after
                     // the driver's backoff; publishing goes on meanwhile.
-                    tracing::error!(error = %e, topic = %delivery.topic, "could not store a command; reconnecting to receive it again");
+                    tracing::error!(error = %e, commands = burst.len(), "could not store commands; reconnecting to receive them again");
                     self.status
                         .set_error(Source::Storing, format!("storing a command: {e}"));
                     return Ok(Flow::Reconnect(Cause::new(
@@ -216,34 +263,40 @@ impl Intake {
                     )));
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, topic = %delivery.topic, "could not store a command; retrying");
+                    tracing::error!(error = %e, commands = burst.len(), "could not store commands; retrying");
                     self.status
                         .set_error(Source::Storing, format!("storing a command: {e}"));
                     if self.stop.recv_timeout(self.store_backoff.next_delay())
                         != Err(crossbeam_channel::RecvTimeoutError::Timeout)
                     {
-                        // Shutting down: leave it unacknowledged; the broker redelivers.
+                        // Shutting down: leave them unacknowledged; the broker redelivers.
                         return Ok(Flow::Stop);
                     }
                 }
             }
         };
         self.store_backoff.reset();
-        match &received {
-            Handled::Received(Received::Stored(id)) => {
-                tracing::debug!(%id, topic = %delivery.topic, "command stored");
-                self.status.on_command(false);
-                let _ = self.arrivals.try_send(());
+        let mut stored = false;
+        for (delivery, received) in burst.iter().zip(&handled) {
+            match received {
+                Handled::Received(Received::Stored(id)) => {
+                    tracing::debug!(%id, topic = %delivery.topic, "command stored");
+                    self.status.on_command(false);
+                    stored = true;
+                }
+                Handled::Received(Received::Duplicate(id)) => {
+                    tracing::debug!(%id, "duplicate command delivery ignored");
+                    self.status.on_command(true);
+                }
+                Handled::Received(Received::DeadLettered { .. }) => self.status.on_malformed(),
+                Handled::IgnoredRetained => {
+                    tracing::info!(topic = %delivery.topic, "retained command delivery ignored");
+                    self.status.on_retained_ignored();
+                }
             }
-            Handled::Received(Received::Duplicate(id)) => {
-                tracing::debug!(%id, "duplicate command delivery ignored");
-                self.status.on_command(true);
-            }
-            Handled::Received(Received::DeadLettered { .. }) => self.status.on_malformed(),
-            Handled::IgnoredRetained => {
-                tracing::info!(topic = %delivery.topic, "retained command delivery ignored");
-                self.status.on_retained_ignored();
-            }
+        }
+        if stored {
+            let _ = self.arrivals.try_send(());
         }
         Ok(Flow::Continue)
     }

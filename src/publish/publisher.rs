@@ -350,7 +350,8 @@ impl Publisher {
                 }
                 d.core.on_puback(ack, Instant::now());
             }
-            Signal::Event(_) => {}
+            // Only the command intake acts on the end of a burst of deliveries.
+            Signal::Event(_) | Signal::Quiet => {}
             Signal::Disconnected(cause) => {
                 d.core.on_disconnected(&cause, Instant::now());
                 d.client = None;

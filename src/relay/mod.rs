@@ -225,10 +225,13 @@ impl Relay {
                 driver.run(|signal| match intake.as_mut() {
                     Some(intake) => {
                         let flow = intake.on_signal(&signal)?;
-                        if flow != Flow::Continue || Intake::takes(&signal) {
+                        if Intake::takes(&signal) {
                             return Ok(flow);
                         }
-                        forward(&events_tx, signal)
+                        // The publisher still gets the signal (a PUBACK that ended a burst of
+                        // commands) whatever the intake wants of the connection.
+                        let forwarded = forward(&events_tx, signal)?;
+                        Ok(if flow == Flow::Continue { forwarded } else { flow })
                     }
                     None => forward(&events_tx, signal),
                 })?;
@@ -351,6 +354,7 @@ impl Relay {
             },
             client: None,
             unstored: Vec::new(),
+            held: Vec::new(),
             shared: config.single_session,
         })
     }
