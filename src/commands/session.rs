@@ -3,11 +3,11 @@
 //! It connects with a persistent session (`clean_session = false` under 3.1.1, a session that
 //! never expires under MQTT 5) and its own client id, so the broker queues commands while the
 //! device is offline, and with manual acks, so a command is acknowledged only after it is
-//! committed in the inbox. Deliveries that arrive together (a burst: the broker's queue after an
-//! outage) are held until nothing more is waiting to be read, or another event comes, or
-//! [`MAX_BURST`] are held, and then stored in one transaction, so a burst costs one commit and
-//! one sync of the file rather than one per command; every one of them is acknowledged after
-//! that commit. Acks are sent from the event-loop thread, in arrival order, once per delivery,
+//! committed in the inbox. Deliveries that arrive together (a burst: those one network read
+//! brought, as when the broker sends its queue after an outage) are held until the driver has
+//! handed out the rest of that read ([`Signal::Quiet`]), or [`MAX_BURST`] are held, and then
+//! stored in one transaction, so a burst costs one commit and one sync of the file rather than
+//! one per command; every one of them is acknowledged after that commit. Acks are sent from the event-loop thread, in arrival order, once per delivery,
 //! and always on the connection the delivery came on: each connection has its own client, so an
 //! ack never reaches a newer connection (MQTT-4.6.0-2). Storing never waits on application
 //! code; applying is a separate step.
@@ -100,16 +100,6 @@ impl Intake {
     /// Acts on one signal of the session. Signals that are not about commands are left alone
     /// (see [`takes`](Self::takes)).
     pub(crate) fn on_signal(&mut self, signal: &Signal) -> Result<Flow> {
-        // Any other event of the connection ends a burst: store and acknowledge what is held
-        // first (in shared mode a stream of PUBACKs may never let the connection fall quiet).
-        let ends_burst = matches!(signal, Signal::Quiet)
-            || matches!(signal, Signal::Event(e) if !matches!(e, Event::Delivery(_)));
-        if ends_burst && !self.held.is_empty() {
-            let flow = self.store_and_ack()?;
-            if flow != Flow::Continue {
-                return Ok(flow);
-            }
-        }
         match signal {
             Signal::Connected(link) => {
                 // A burst belongs to its connection (the driver ends each with Disconnected,
@@ -151,16 +141,15 @@ impl Intake {
                     return self.store_and_ack();
                 }
             }
-            Signal::Event(_) | Signal::Quiet => {}
+            Signal::Quiet => return self.store_and_ack(),
+            Signal::Event(_) => {}
             Signal::Disconnected(cause) => {
-                // The connection is gone, so nothing held can be acknowledged on it: store it
-                // now (the broker sends it again, and the inbox recognises the duplicate).
+                // Nothing held was acknowledged, so the broker sends it again on the next
+                // connection of this persistent session: dropped here, stored then.
+                self.held.clear();
                 // (Mutant only) acks that never reached the wire: store what they were for.
-                let unacked: Vec<Delivery> = std::mem::take(&mut self.held)
-                    .into_iter()
-                    .chain(std::mem::take(&mut self.unstored))
-                    .collect();
-                if self.store(&unacked)? == Flow::Stop {
+                let unstored = std::mem::take(&mut self.unstored);
+                if self.store(&unstored)? == Flow::Stop {
                     return Ok(Flow::Stop);
                 }
                 self.client = None;
@@ -184,6 +173,9 @@ impl Intake {
 
     /// Stores the held burst in one transaction, then acknowledges each delivery of it in order.
     fn store_and_ack(&mut self) -> Result<Flow> {
+        if self.held.is_empty() {
+            return Ok(Flow::Continue);
+        }
         let burst = std::mem::take(&mut self.held);
         let flow = self.store(&burst)?;
         if flow != Flow::Continue {
@@ -276,6 +268,10 @@ impl Intake {
             }
         };
         self.store_backoff.reset();
+        tracing::debug!(
+            commands = burst.len(),
+            "stored a burst of commands in one transaction"
+        );
         let mut stored = false;
         for (delivery, received) in burst.iter().zip(&handled) {
             match received {

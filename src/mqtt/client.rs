@@ -615,6 +615,15 @@ impl Connection {
         }
     }
 
+    /// Whether rumqttc holds events it has read and not handed out yet: the rest of one network
+    /// read (it decodes every packet a read brought, up to a bound, before handing out the first).
+    pub(crate) fn has_buffered(&self) -> bool {
+        match self {
+            Connection::V4(c) => !c.eventloop.state.events.is_empty(),
+            Connection::V5(c) => !c.eventloop.state.events.is_empty(),
+        }
+    }
+
     /// Events rumqttc read before the connection failed and has not handed out yet (it keeps
     /// them in `state.events` and would deliver them after the next CONNACK). They belong to the
     /// connection that just ended.

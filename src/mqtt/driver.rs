@@ -29,8 +29,9 @@ pub(crate) enum Signal {
     Event(Event),
     /// The connection ended. Every event of it was delivered before this; its client is dead.
     Disconnected(Cause),
-    /// After one or more deliveries, nothing more was waiting to be read: the end of a burst, so
-    /// the command intake stores what it holds in one transaction and acknowledges it.
+    /// The events of a network read that brought one or more deliveries have all been handed
+    /// out: the end of a burst, so the command intake stores what it holds in one transaction
+    /// and acknowledges it.
     Quiet,
 }
 
@@ -259,7 +260,9 @@ impl Driver<'_> {
         let mut connected_at: Option<Instant> = None;
         let mut keep_alive = self.options.keep_alive();
         let mut healthy = false;
-        // A delivery came: look for more without waiting, and say `Quiet` when there are none.
+        // A delivery was handed out: say `Quiet` once rumqttc has handed out the rest of what it
+        // read. Never found by polling with a zero timeout: a poll cancelled while it writes
+        // loses the packet it was writing.
         let mut burst = false;
         loop {
             // Never sooner than a moment after the CONNACK: a token whose life is mostly spent
@@ -301,14 +304,9 @@ impl Driver<'_> {
                     "renewing the connection's credentials before they expire",
                 )));
             }
-            let wait = if burst { Some(Duration::ZERO) } else { wait };
             let step = match connection.recv(connected, wait) {
                 // Every client handle was dropped: cannot happen while `client` lives.
                 Recv::Closed => return Ok(End::Done),
-                Recv::Idle if burst => {
-                    burst = false;
-                    None
-                }
                 Recv::Idle => match self.handle.take_reconnect() {
                     Some(cause) => return failed(connection, on_signal, cause, connected, healthy),
                     None => {
@@ -320,12 +318,11 @@ impl Driver<'_> {
                         continue;
                     }
                 },
-                Recv::Step(step) => Some(step),
+                Recv::Step(step) => step,
                 Recv::Failed(cause) => return failed(connection, on_signal, cause, connected, healthy),
             };
             let flow = match step {
-                None => on_signal(Signal::Quiet)?,
-                Some(Step::ConnAck(granted)) => {
+                Step::ConnAck(granted) => {
                     connected_at = Some(Instant::now());
                     if let Some(secs) = granted.server_keep_alive {
                         keep_alive = Duration::from_secs(u64::from(secs));
@@ -338,7 +335,7 @@ impl Driver<'_> {
                         credential_expires: credentials.expires,
                     }))?
                 }
-                Some(Step::Event(event)) => {
+                Step::Event(event) => {
                     // Healthy: a PUBACK or a granted subscription came, or the connection has
                     // held for one keep-alive. Only then does the backoff start again from its
                     // minimum: a broker that accepts CONNECT and drops at once backs off.
@@ -347,7 +344,7 @@ impl Driver<'_> {
                         self.backoff.reset();
                         log.healthy();
                     }
-                    burst = matches!(event, Event::Delivery(_));
+                    burst |= matches!(event, Event::Delivery(_));
                     match event {
                         Event::Other => Flow::Continue,
                         Event::DisconnectSent => {
@@ -357,6 +354,12 @@ impl Driver<'_> {
                         event => on_signal(Signal::Event(event))?,
                     }
                 }
+            };
+            let flow = if flow == Flow::Continue && burst && !connection.has_buffered() {
+                burst = false;
+                on_signal(Signal::Quiet)?
+            } else {
+                flow
             };
             let flow = match flow {
                 Flow::Continue => self
