@@ -74,7 +74,7 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     ("latest-dropped-on-failure", "tests/latest_values.rs"),
     // The command intake commits each delivery on its own instead of a burst at a time: a
     // broker's queue after an outage costs a commit and a sync per command.
-    ("command-commit-each", "tests/commands.rs"),
+    ("command-commit-each", "tests/command_bursts.rs"),
     // A retried outgoing dead letter goes back in lane 0, with no lifetime, not evictable.
     ("retry-loses-settings", "tests/outbox_dead_letter_retry.rs"),
     // Receiving verifies with the handle's own keys only, not the file's: a keyless handle (the

@@ -67,9 +67,9 @@ impl CommandSession {
     }
 }
 
-/// The most deliveries held for one transaction. A broker sends no more than its in-flight
-/// window (or the client's receive maximum) without acknowledgements, so a burst is usually
-/// smaller; this bounds the memory and the transaction when it is not.
+/// The most deliveries held for one transaction. A burst is what one network read brought, which
+/// rumqttc bounds itself (a few packets per read); this bounds the memory and the transaction
+/// should that change.
 pub(crate) const MAX_BURST: usize = 256;
 
 /// The receiving side of commands, for whichever session carries them: subscribes on every new
@@ -103,7 +103,7 @@ impl Intake {
         match signal {
             Signal::Connected(link) => {
                 // A burst belongs to its connection (the driver ends each with Disconnected,
-                // which stores it): never acknowledged on a newer one.
+                // which stores what is held): never acknowledged on a newer one.
                 self.held.clear();
                 tracing::debug!(session_present = link.granted.session_present, filter = %self.filter, "command session connected");
                 if link.client.try_subscribe(&self.filter).is_err() {
@@ -144,12 +144,16 @@ impl Intake {
             Signal::Quiet => return self.store_and_ack(),
             Signal::Event(_) => {}
             Signal::Disconnected(cause) => {
-                // Nothing held was acknowledged, so the broker sends it again on the next
-                // connection of this persistent session: dropped here, stored then.
-                self.held.clear();
+                // The connection failed with a burst held: stored now, unacknowledged (the
+                // connection is gone). A broker that keeps the session sends it again and the
+                // inbox recognises it; one that does not (the next broker of a failover list, a
+                // QoS 0 delivery) would not, so it is not left to redelivery.
                 // (Mutant only) acks that never reached the wire: store what they were for.
-                let unstored = std::mem::take(&mut self.unstored);
-                if self.store(&unstored)? == Flow::Stop {
+                let unacked: Vec<Delivery> = std::mem::take(&mut self.held)
+                    .into_iter()
+                    .chain(std::mem::take(&mut self.unstored))
+                    .collect();
+                if self.store(&unacked)? == Flow::Stop {
                     return Ok(Flow::Stop);
                 }
                 self.client = None;

@@ -295,7 +295,10 @@ impl Driver<'_> {
                 }
                 wait
             });
-            if connected && renew.is_some_and(|at| Instant::now() >= at) {
+            // Renewed, and reconnects requested, at a read's end only: a burst of commands that
+            // read brought is then stored and acknowledged first.
+            let read_done = !connection.has_buffered();
+            if connected && read_done && renew.is_some_and(|at| Instant::now() >= at) {
                 if deliver_buffered(connection, on_signal)? == Flow::Stop {
                     return Ok(End::Stop);
                 }
@@ -355,14 +358,15 @@ impl Driver<'_> {
                     }
                 }
             };
-            let flow = if flow == Flow::Continue && burst && !connection.has_buffered() {
+            let read_done = !connection.has_buffered();
+            let flow = if flow == Flow::Continue && burst && read_done {
                 burst = false;
                 on_signal(Signal::Quiet)?
             } else {
                 flow
             };
             let flow = match flow {
-                Flow::Continue => self
+                Flow::Continue if read_done => self
                     .handle
                     .take_reconnect()
                     .map_or(Flow::Continue, Flow::Reconnect),
