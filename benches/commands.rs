@@ -3,8 +3,9 @@
 //! 10,000 commands (default; about 100-byte envelopes, 16 keys) are queued at the broker for the
 //! device's persistent command session while the device is offline. The relay then starts (with
 //! a command session, no handler: this measures receiving) and stores and acknowledges every one,
-//! each in its own FULL-synced transaction, as it must before acknowledging. Meanwhile an
-//! application thread commits a business row and its message every 5 ms through the same store.
+//! a burst at a time (the deliveries one network read brings, in one FULL-synced transaction),
+//! acknowledging each only after its burst commits. Meanwhile an application thread commits a
+//! business row and its message every 5 ms through the same store.
 //!
 //! - `inbox_receive_vs_bare`: commands received, stored and acknowledged per second, over the rate
 //!   of the floor measured in the same run: the same rows inserted with bare rusqlite, one
