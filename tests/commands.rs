@@ -6,31 +6,16 @@ mod support;
 
 use edge_outbox::{Outbox, Relay, RelayConfig};
 use rumqttc::QoS;
-use support::credits::{balance, command, device};
+use support::credits::{balance, command, credit_relay, device};
 use support::device::relay_config;
 use support::{Broker, Subscriber, WAIT, publish_raw, publish_raw_many, wait_until};
 
 const FILTER: &str = "devices/d1/commands/#";
 const TOPIC: &str = "devices/d1/commands/credit";
 
-/// Starts a relay whose handler adds credits (an increment: not idempotent on its own) and
-/// publishes a receipt in the same transaction.
+/// Starts a relay whose handler adds credits and publishes a receipt in the same transaction.
 fn start(outbox: &Outbox, config: RelayConfig) -> Relay {
-    let relay = Relay::start_with_handler(outbox, config.commands(FILTER), |tx, cmd| {
-        let credits: i64 = cmd.payload_as()?;
-        tx.execute(
-            "UPDATE balance SET credits = credits + ?1 WHERE account = ?2",
-            (credits, &cmd.key),
-        )?;
-        tx.publish("devices/d1/receipts", &cmd.key, &cmd.id.to_string())?;
-        Ok::<_, edge_outbox::Error>(())
-    })
-    .expect("relay");
-    assert!(
-        wait_until(|| relay.status().expect("status").commands_connected),
-        "command session ready"
-    );
-    relay
+    credit_relay(outbox, config, FILTER, Some("devices/d1/receipts"))
 }
 
 #[test]

@@ -43,3 +43,31 @@ pub fn balance(outbox: &Outbox) -> i64 {
         .with_connection(|c| c.query_row("SELECT credits FROM balance", [], |r| r.get(0)))
         .expect("balance")
 }
+
+/// Starts a relay receiving commands on `filter` whose handler adds the credits (an increment:
+/// not idempotent on its own) and, with `receipts`, publishes a receipt on that topic in the same
+/// transaction; returns once the command session is subscribed.
+pub fn credit_relay(
+    outbox: &Outbox,
+    config: edge_outbox::RelayConfig,
+    filter: &str,
+    receipts: Option<&'static str>,
+) -> edge_outbox::Relay {
+    let relay = edge_outbox::Relay::start_with_handler(outbox, config.commands(filter), move |tx, cmd| {
+        let credits: i64 = cmd.payload_as()?;
+        tx.execute(
+            "UPDATE balance SET credits = credits + ?1 WHERE account = ?2",
+            (credits, &cmd.key),
+        )?;
+        if let Some(topic) = receipts {
+            tx.publish(topic, &cmd.key, &cmd.id.to_string())?;
+        }
+        Ok::<_, edge_outbox::Error>(())
+    })
+    .expect("relay");
+    assert!(
+        super::wait_until(|| relay.status().expect("status").commands_connected),
+        "command session ready"
+    );
+    relay
+}
