@@ -1,29 +1,38 @@
 //! A cloud-side consumer, with any MQTT client (rumqttc here): the consumer module checks that
-//! nothing a device committed went missing on the way, and an inbox makes each effect happen once.
+//! nothing a device committed went missing on the way, and its state commits with each effect, so
+//! each effect happens once, across restarts too.
 //!
-//! - `Consumer` (edge_outbox::consumer) sees every item, batches unpacked
-//!   (`Consumer::observe_all`): it recognises duplicates, follows each device's numbering, and
-//!   reports gaps the devices announced (coalesced, evicted, expired, ...) and gaps nobody
-//!   announced: messages lost after a device handed them to the broker.
-//! - The inbox stores each event by message id, and its effect (here, a row per event, its payload
-//!   as JSON, whatever its type) commits with the applied mark, so a redelivered event changes
-//!   nothing, across restarts too.
+//! - `DurableConsumer` (edge_outbox::consumer) sees every item, batches unpacked: it recognises
+//!   duplicates, follows each device's numbering, and reports gaps the devices announced
+//!   (coalesced, evicted, expired, ...) and gaps nobody announced: messages lost after a device
+//!   handed them to the broker.
+//! - Its state (the recent ids, the next number expected per device, the open gaps) lives in the
+//!   consumer's own SQLite file, and the effect (here, a row per event, its payload as JSON,
+//!   whatever its type) commits in the same transaction. Each MQTT payload is acknowledged after
+//!   that commit: killed at any point, the consumer restarts where its last commit left it, the
+//!   broker redelivers what it had not acknowledged, and that is neither repeated nor missed.
 //!
 //! ```sh
 //! cargo run --example cloud_consumer -- 127.0.0.1:1883 /tmp/cloud.db 'fleet/#'
 //! # stop after 10 s without a message, exit code 1 if anything went missing unannounced:
 //! cargo run --example cloud_consumer -- 127.0.0.1:1883 /tmp/cloud.db 'fleet/#' --exit-when-idle 10
+//! # one of two shards of a fleet whose devices publish under fleet/a/ and fleet/b/:
+//! cargo run --example cloud_consumer -- 127.0.0.1:1883 /tmp/cloud-a.db 'fleet/a/#' --client-id cloud-a
 //! ```
 //!
-//! Arguments: the broker (`HOST:PORT`), the consumer's own database file, the topic filter the
-//! devices publish under (every topic they publish on: their numbering counts them all), and
-//! optionally `--exit-when-idle SECS` and `--report-every SECS` (default 60).
+//! Arguments: the broker (`HOST:PORT`), the consumer's own database file (one per consumer
+//! process), the topic filter the devices publish under (every topic they publish on: their
+//! numbering counts them all), and optionally `--client-id ID` (default `cloud-consumer`; one per
+//! consumer process), `--from-start` (the consumer has been there since the devices' first
+//! messages: a loss before the first one it sees counts too), `--exit-when-idle SECS` and
+//! `--report-every SECS` (default 60).
 
 use std::time::{Duration, Instant};
 
-use edge_outbox::consumer::{Consumer, Verdict};
+use edge_outbox::Error;
+use edge_outbox::consumer::{Consumer, DurableConsumer, Verdict};
 use edge_outbox::envelope::Published;
-use edge_outbox::{Error, Outbox, Received};
+use edge_outbox::rusqlite::Transaction;
 use rumqttc::{Client, Event, MqttOptions, Packet, QoS};
 
 /// Gaps still open this long count as unexplained: late messages and notices fill the rest.
@@ -33,6 +42,8 @@ struct Args {
     broker: String,
     db: String,
     filter: String,
+    client_id: String,
+    from_start: bool,
     exit_when_idle: Option<Duration>,
     report_every: Duration,
 }
@@ -41,15 +52,18 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
     let mut positional = Vec::new();
     let mut exit_when_idle = None;
     let mut report_every = Duration::from_secs(60);
+    let mut client_id = "cloud-consumer".to_owned();
+    let mut from_start = false;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
-        let mut secs = |name: &str| -> Result<Duration, Box<dyn std::error::Error>> {
-            let v = it.next().ok_or(format!("{name} needs a number of seconds"))?;
-            Ok(Duration::from_secs_f64(v.parse()?))
-        };
+        let mut value = |name: &str| it.next().ok_or(format!("{name} needs a value"));
         match arg.as_str() {
-            "--exit-when-idle" => exit_when_idle = Some(secs("--exit-when-idle")?),
-            "--report-every" => report_every = secs("--report-every")?,
+            "--exit-when-idle" => {
+                exit_when_idle = Some(Duration::from_secs_f64(value("--exit-when-idle")?.parse()?))
+            }
+            "--report-every" => report_every = Duration::from_secs_f64(value("--report-every")?.parse()?),
+            "--client-id" => client_id = value("--client-id")?,
+            "--from-start" => from_start = true,
             _ => positional.push(arg),
         }
     }
@@ -58,32 +72,47 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
         broker: positional.next().unwrap_or_else(|| "127.0.0.1:1883".into()),
         db: positional.next().unwrap_or_else(|| "cloud-consumer.db".into()),
         filter: positional.next().unwrap_or_else(|| "#".into()),
+        client_id,
+        from_start,
         exit_when_idle,
         report_every,
     })
 }
 
-/// The effect of one event: a row with its payload as JSON, in the transaction that marks it
-/// applied.
-fn apply_stored(inbox: &Outbox) -> Result<(), Error> {
-    while let edge_outbox::ApplyOutcome::Applied { .. } = inbox.apply_next(|tx, event| {
-        let payload: serde_json::Value = event.payload_as()?;
-        tx.execute(
-            "INSERT INTO events (message_id, topic, key, payload) VALUES (?1, ?2, ?3, ?4)",
-            (
-                event.id.to_string(),
-                &event.topic,
-                &event.key,
-                payload.to_string(),
-            ),
-        )?;
-        Ok::<_, Error>(())
-    })? {}
+/// The effect of one item, in the transaction that saves the consumer's verdict on it: a row per
+/// event, its payload as JSON. `Unknown` (a number the consumer cannot place) is stored too, and
+/// the event's id, the table's key, has the last word.
+fn apply(tx: &Transaction<'_>, topic: &str, item: &Published, verdict: Verdict) -> Result<(), Error> {
+    match (item, verdict) {
+        (Published::Gap(gap), _) => println!(
+            "{} removed {}..={} unpublished: {}",
+            gap.source, gap.first, gap.last, gap.cause
+        ),
+        (Published::Message(env), Verdict::New { .. } | Verdict::Unknown) => {
+            let payload = match env.payload_as::<serde_json::Value>() {
+                Ok(json) => json.to_string(),
+                Err(e) => format!("{{\"undecodable\": {:?}}}", e.to_string()),
+            };
+            tx.execute(
+                "INSERT OR IGNORE INTO events (message_id, source, seq, topic, key, payload)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                (
+                    env.id.to_string(),
+                    env.source.as_ref(),
+                    i64::try_from(env.seq).unwrap_or(i64::MAX),
+                    topic,
+                    env.key.as_ref(),
+                    payload,
+                ),
+            )?;
+        }
+        _ => {}
+    }
     Ok(())
 }
 
 /// Prints the report; whether anything went missing unannounced.
-fn report(consumer: &Consumer, grace: Duration) -> bool {
+fn report(consumer: &DurableConsumer, grace: Duration) -> bool {
     let report = consumer.report_after(grace);
     print!("{report}");
     println!(
@@ -102,18 +131,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = args()?;
     let (host, port) = args.broker.rsplit_once(':').ok_or("broker must be HOST:PORT")?;
 
-    let inbox = Outbox::open(&args.db)?;
-    inbox.with_connection(|c| {
-        c.execute_batch(
-            "CREATE TABLE IF NOT EXISTS events (message_id TEXT, topic TEXT, key TEXT, payload TEXT)",
-        )
-    })?;
-    let mut consumer = Consumer::new();
+    let mut consumer = DurableConsumer::open(&args.db, Consumer::new().from_start(args.from_start))?;
+    consumer.connection().execute_batch(
+        "CREATE TABLE IF NOT EXISTS events (
+             message_id TEXT PRIMARY KEY, source TEXT, seq INTEGER, topic TEXT, key TEXT, payload TEXT)",
+    )?;
     let mut last_report = Instant::now();
     let mut last_message = Instant::now();
 
-    // A persistent session with manual acks: acknowledge only what is stored.
-    let mut options = MqttOptions::new("cloud-consumer", host, port.parse()?);
+    // A persistent session with manual acks: acknowledge only what is committed.
+    let mut options = MqttOptions::new(args.client_id.as_str(), host, port.parse()?);
     options
         .set_clean_session(false)
         .set_manual_acks(true)
@@ -133,38 +160,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         match event {
             Ok(Ok(Event::Incoming(Packet::ConnAck(_)))) => {
+                // Again on every connection: a broker that lost the session lost the subscription.
                 client.try_subscribe(args.filter.as_str(), QoS::AtLeastOnce)?;
             }
             Ok(Ok(Event::Incoming(Packet::SubAck(_)))) => println!("subscribed to {}", args.filter),
             Ok(Ok(Event::Incoming(Packet::Publish(p)))) => {
                 last_message = Instant::now();
-                match consumer.observe_all(&p.payload) {
-                    Ok(items) => {
-                        for (item, verdict) in items {
-                            match (item, verdict) {
-                                (Published::Gap(gap), _) => println!(
-                                    "{} removed {}..={} unpublished: {}",
-                                    gap.source, gap.first, gap.last, gap.cause
-                                ),
-                                (_, Verdict::Duplicate) => {}
-                                // One inbox row per event, batched or not.
-                                (Published::Message(env), _) => {
-                                    if let Received::DeadLettered { reason, .. } =
-                                        inbox.receive(&p.topic, &env.encode())?
-                                    {
-                                        println!("malformed: {reason}");
-                                    }
-                                }
-                                _ => {}
-                            }
-                        }
-                    }
-                    Err(e) => println!("not an edge-outbox envelope on {}: {e}", p.topic),
+                match consumer.observe_all(&p.payload, |tx, item, verdict| apply(tx, &p.topic, item, verdict))
+                {
+                    Ok(_) => {}
+                    // Not ours: acknowledged, so that it is not delivered again forever.
+                    Err(Error::Decode(e)) => println!("not an edge-outbox envelope on {}: {e}", p.topic),
+                    // Nothing committed: stop unacknowledged; the broker delivers it again.
+                    Err(e) => return Err(e.into()),
                 }
-                // Stored (or recognised) before it is acknowledged, from this thread, in order.
+                // Committed (or not ours) before it is acknowledged, from this thread, in order.
                 client.try_ack(&p)?;
-                // A real service might apply on another thread.
-                apply_stored(&inbox)?;
                 if last_report.elapsed() >= args.report_every {
                     last_report = Instant::now();
                     report(&consumer, GRACE);

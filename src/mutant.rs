@@ -113,6 +113,13 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // The consumer takes a number at or below its horizon (a gap given up on past `max_gaps`) as
     // seen, and ignores a notice there.
     ("consumer-forgotten-seen", "tests/consumer_bounds.rs"),
+    // A durable consumer saves nothing: after a restart it counts each source again from the
+    // first number it sees, missing what was lost while it was down, and takes a message whose
+    // effect committed for a new one.
+    ("consumer-state-unsaved", "tests/consumer_restart.rs"),
+    // A durable consumer keeps the verdicts of a transaction that rolled back: the message whose
+    // effect failed is a duplicate when it comes again, and its effect never happens.
+    ("consumer-kept-after-rollback", "tests/consumer_restart.rs"),
     // Opening a store skips the check of its counter against what was published from its path,
     // so a backup restored in place keeps its epoch.
     ("skip-published-check", "tests/epochs_restored_in_place.rs"),

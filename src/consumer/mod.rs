@@ -48,10 +48,13 @@
 //! assert_eq!(report.streams[0].unexplained, vec![(4, 4)]);
 //! ```
 
+mod durable;
+mod saved;
 mod schemas;
 mod stream;
 mod window;
 
+pub use durable::DurableConsumer;
 pub use schemas::SchemaFinding;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -107,6 +110,8 @@ pub struct Consumer {
     /// Messages delivered whose payload breaks its schema: counted, the newest kept.
     schema_violations: u64,
     findings: std::collections::VecDeque<SchemaFinding>,
+    /// Streams changed since the state was last saved; `None` for a consumer that is not saved.
+    unsaved: Option<HashSet<(String, u64)>>,
 }
 
 impl Default for Consumer {
@@ -133,6 +138,29 @@ impl Consumer {
             schemas: None,
             schema_violations: 0,
             findings: std::collections::VecDeque::new(),
+            unsaved: None,
+        }
+    }
+
+    /// Starts keeping what changes, for [`saved`] to write: the consumer is a durable one's.
+    fn keep_changes(&mut self) {
+        self.window.unsaved.get_or_insert_with(Vec::new);
+        self.unsaved.get_or_insert_with(HashSet::new);
+        for stream in self.streams.values_mut() {
+            stream.journal.get_or_insert_with(Vec::new);
+        }
+    }
+
+    /// Forgets everything observed, keeping the settings (and whether changes are kept).
+    fn forget_state(&mut self) {
+        self.window = self.window.emptied();
+        self.streams.clear();
+        self.sources.clear();
+        self.unnumbered = Totals::default();
+        self.schema_violations = 0;
+        self.findings.clear();
+        if let Some(unsaved) = &mut self.unsaved {
+            unsaved.clear();
         }
     }
 
@@ -318,6 +346,12 @@ impl Consumer {
         if !known_source {
             self.sources.insert(source.to_owned());
         }
+        let saved = self.unsaved.is_some();
+        if let Some(unsaved) = &mut self.unsaved
+            && !unsaved.contains(&(source.to_owned(), epoch))
+        {
+            unsaved.insert((source.to_owned(), epoch));
+        }
         self.streams.entry((source.to_owned(), epoch)).or_insert_with(|| {
             // Every epoch starts at 1: a new epoch of a source already seen has no excuse.
             let base = if from_start || known_source {
@@ -325,7 +359,11 @@ impl Consumer {
             } else {
                 first_seen.max(1)
             };
-            Stream::new(base)
+            let mut stream = Stream::new(base);
+            if saved {
+                stream.journal = Some(Vec::new());
+            }
+            stream
         })
     }
 

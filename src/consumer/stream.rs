@@ -48,6 +48,37 @@ pub(crate) struct Stream {
     pub(crate) unplaced: u64,
     keys: HashMap<String, u64>,
     key_order: VecDeque<String>,
+    /// What changed in `missing` and `keys` since the state was last saved, in order; `None`
+    /// for a consumer that is not saved (nothing is kept then).
+    pub(crate) journal: Option<Vec<Change>>,
+}
+
+/// One change to a stream's open gaps or keys, for a saved consumer to write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// A gap `first..=last`, missing since `since`, opened or reopened (after a split).
+    Opened { first: u64, last: u64, since: Instant },
+    /// The gap starting at `first` closed (or split: a reopen follows).
+    Closed { first: u64 },
+    /// `key`'s last number is now `seq`.
+    Key { key: String, seq: u64 },
+    /// `key` was forgotten (past the bound on keys).
+    KeyForgotten { key: String },
+}
+
+/// A stream's counts and limits, as a saved consumer keeps them (gaps and keys apart).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SavedStream {
+    pub base: u64,
+    pub high: u64,
+    pub horizon: u64,
+    pub delivered: u64,
+    pub duplicates: u64,
+    pub late: u64,
+    pub reordered: u64,
+    pub forgotten: u64,
+    pub unplaced: u64,
+    pub announced: BTreeMap<String, u64>,
 }
 
 /// Bounds on one stream's memory.
@@ -74,6 +105,54 @@ impl Stream {
             unplaced: 0,
             keys: HashMap::new(),
             key_order: VecDeque::new(),
+            journal: None,
+        }
+    }
+
+    /// A stream as it was saved; `keys` oldest first.
+    pub(crate) fn restored(
+        saved: SavedStream,
+        gaps: impl IntoIterator<Item = (u64, u64, Instant)>,
+        keys: impl IntoIterator<Item = (String, u64)>,
+    ) -> Self {
+        let mut s = Stream::new(saved.base);
+        s.high = saved.high;
+        s.horizon = saved.horizon;
+        s.delivered = saved.delivered;
+        s.duplicates = saved.duplicates;
+        s.late = saved.late;
+        s.reordered = saved.reordered;
+        s.forgotten = saved.forgotten;
+        s.unplaced = saved.unplaced;
+        s.announced = saved.announced;
+        s.missing = gaps.into_iter().map(|(f, l, since)| (f, (l, since))).collect();
+        for (key, seq) in keys {
+            s.keys.insert(key.clone(), seq);
+            s.key_order.push_back(key);
+        }
+        s.journal = Some(Vec::new());
+        s
+    }
+
+    /// The scalar part of the stream, as saved.
+    pub(crate) fn saved(&self) -> SavedStream {
+        SavedStream {
+            base: self.base,
+            high: self.high,
+            horizon: self.horizon,
+            delivered: self.delivered,
+            duplicates: self.duplicates,
+            late: self.late,
+            reordered: self.reordered,
+            forgotten: self.forgotten,
+            unplaced: self.unplaced,
+            announced: self.announced.clone(),
+        }
+    }
+
+    fn record(&mut self, change: Change) {
+        if let Some(journal) = &mut self.journal {
+            journal.push(change);
         }
     }
 
@@ -105,14 +184,23 @@ impl Stream {
             Some(last) if *last > seq => true,
             Some(last) => {
                 *last = seq;
+                self.record(Change::Key {
+                    key: key.to_owned(),
+                    seq,
+                });
                 false
             }
             None => {
                 self.keys.insert(key.to_owned(), seq);
                 self.key_order.push_back(key.to_owned());
+                self.record(Change::Key {
+                    key: key.to_owned(),
+                    seq,
+                });
                 while self.key_order.len() > bounds.max_keys {
                     if let Some(old) = self.key_order.pop_front() {
                         self.keys.remove(&old);
+                        self.record(Change::KeyForgotten { key: old });
                     }
                 }
                 false
@@ -171,10 +259,16 @@ impl Stream {
     /// Opens a missing range, giving up on the oldest ones past the bound.
     fn open(&mut self, first: u64, last: u64, now: Instant, bounds: Bounds) {
         self.missing.insert(first, (last, now));
+        self.record(Change::Opened {
+            first,
+            last,
+            since: now,
+        });
         while self.missing.len() > bounds.max_missing_ranges.max(1) {
             if let Some((f, (l, _))) = self.missing.pop_first() {
                 self.forgotten += l - f + 1;
                 self.horizon = self.horizon.max(l);
+                self.record(Change::Closed { first: f });
             }
         }
     }
@@ -197,11 +291,22 @@ impl Stream {
             };
             let (lo, hi) = (f.max(first), l.min(last));
             filled += hi - lo + 1;
+            self.record(Change::Closed { first: f });
             if f < lo {
                 self.missing.insert(f, (lo - 1, since));
+                self.record(Change::Opened {
+                    first: f,
+                    last: lo - 1,
+                    since,
+                });
             }
             if l > hi {
                 self.missing.insert(hi + 1, (l, since));
+                self.record(Change::Opened {
+                    first: hi + 1,
+                    last: l,
+                    since,
+                });
             }
         }
         filled

@@ -9,6 +9,9 @@ pub(crate) struct IdWindow {
     capacity: usize,
     set: HashSet<MessageId>,
     order: VecDeque<MessageId>,
+    /// Ids remembered since the window was last saved, oldest first; `None` for a window that is
+    /// not saved.
+    pub(crate) unsaved: Option<Vec<MessageId>>,
 }
 
 impl IdWindow {
@@ -17,7 +20,28 @@ impl IdWindow {
             capacity,
             set: HashSet::new(),
             order: VecDeque::new(),
+            unsaved: None,
         }
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The same capacity, empty.
+    pub(crate) fn emptied(&self) -> Self {
+        let mut w = IdWindow::new(self.capacity);
+        w.unsaved = self.unsaved.as_ref().map(|_| Vec::new());
+        w
+    }
+
+    /// Remembers `ids` (oldest first) as already saved.
+    pub(crate) fn restore(&mut self, ids: impl IntoIterator<Item = MessageId>) {
+        let unsaved = self.unsaved.take();
+        for id in ids {
+            self.insert(id);
+        }
+        self.unsaved = unsaved;
     }
 
     /// Remembers `id`; false if it was already remembered.
@@ -29,6 +53,9 @@ impl IdWindow {
             return false;
         }
         self.order.push_back(id);
+        if let Some(unsaved) = &mut self.unsaved {
+            unsaved.push(id);
+        }
         while self.order.len() > self.capacity {
             if let Some(old) = self.order.pop_front() {
                 self.set.remove(&old);

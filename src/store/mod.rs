@@ -9,7 +9,7 @@ pub(crate) mod gaps;
 pub(crate) mod gate;
 mod inbox;
 mod integrity;
-mod open;
+pub(crate) mod open;
 mod options;
 pub(crate) mod outbox;
 pub(crate) mod published;

@@ -14,24 +14,41 @@ use crate::error::{Error, Result};
 /// thread that touches the file gets its own connection from here, with the same pragmas.
 pub(crate) fn connect(path: &Path, options: &Options) -> Result<Connection> {
     options.validate()?;
+    let mut conn = open_in_wal(path, options.busy_timeout, |conn| {
+        // page_size and auto_vacuum only take effect before the first table exists, so set them
+        // before WAL mode writes the header; on an existing file they are no-ops. page_size
+        // first: once auto_vacuum is set, SQLite keeps the page size it has.
+        conn.pragma_update(None, "page_size", options.page_size)?;
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
+    })?;
+    conn.pragma_update(None, "synchronous", options.synchronous.pragma_value())?;
+    conn.pragma_update(None, "journal_size_limit", options.wal_size_limit)?;
+    schema::migrate(&mut conn).map_err(|e| match e {
+        Error::Sqlite(e) => classify_open_error(path, e),
+        other => other,
+    })?;
+    Ok(conn)
+}
+
+/// Opens `path` (created readable by its owner only) in WAL mode, waiting up to `busy_timeout`
+/// for other connections; `before_wal` runs once, on a file not yet in WAL mode.
+pub(crate) fn open_in_wal(
+    path: &Path,
+    busy_timeout: Duration,
+    before_wal: impl FnOnce(&Connection) -> rusqlite::Result<()>,
+) -> Result<Connection> {
     create_owner_only(path)?;
     let on_open = |e: rusqlite::Error| classify_open_error(path, e);
-    let mut conn = Connection::open(path).map_err(on_open)?;
-    conn.busy_timeout(options.busy_timeout).map_err(on_open)?;
+    let conn = Connection::open(path).map_err(on_open)?;
+    conn.busy_timeout(busy_timeout).map_err(on_open)?;
     // WAL mode is a property of the file: once set, reopening needs no lock at all, so a
     // connection opens while another one holds a long write transaction.
     let current: String = conn
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))
         .map_err(on_open)?;
     if !current.eq_ignore_ascii_case("wal") {
-        // page_size and auto_vacuum only take effect before the first table exists, so set them
-        // before WAL mode writes the header; on an existing file they are no-ops. page_size
-        // first: once auto_vacuum is set, SQLite keeps the page size it has.
-        conn.pragma_update(None, "page_size", options.page_size)
-            .map_err(on_open)?;
-        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")
-            .map_err(on_open)?;
-        let mode = switch_to_wal(&conn, options.busy_timeout).map_err(on_open)?;
+        before_wal(&conn).map_err(on_open)?;
+        let mode = switch_to_wal(&conn, busy_timeout).map_err(on_open)?;
         if !mode.eq_ignore_ascii_case("wal") {
             return Err(Error::InvalidConfig(format!(
                 "{} cannot use WAL mode (got {mode}); put the database on a local file system",
@@ -39,12 +56,6 @@ pub(crate) fn connect(path: &Path, options: &Options) -> Result<Connection> {
             )));
         }
     }
-    conn.pragma_update(None, "synchronous", options.synchronous.pragma_value())?;
-    conn.pragma_update(None, "journal_size_limit", options.wal_size_limit)?;
-    schema::migrate(&mut conn).map_err(|e| match e {
-        Error::Sqlite(e) => classify_open_error(path, e),
-        other => other,
-    })?;
     Ok(conn)
 }
 
