@@ -27,13 +27,14 @@
 //! messages: a loss before the first one it sees counts too), `--exit-when-idle SECS` and
 //! `--report-every SECS` (default 60).
 
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use edge_outbox::Error;
 use edge_outbox::consumer::{Consumer, DurableConsumer, Verdict};
 use edge_outbox::envelope::Published;
 use edge_outbox::rusqlite::Transaction;
-use rumqttc::{Client, Event, MqttOptions, Packet, QoS};
+use rumqttc::{Client, Event, MqttOptions, Packet, Publish, QoS};
 
 /// Gaps still open this long count as unexplained: late messages and notices fill the rest.
 const GRACE: Duration = Duration::from_secs(30);
@@ -146,7 +147,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .set_manual_acks(true)
         .set_keep_alive(Duration::from_secs(30));
     let (client, mut connection) = Client::new(options, 64);
+    // Committed and not yet handed to the client: a burst of deliveries can fill its request
+    // queue, which only drains as the connection is polled below.
+    let mut unacked: VecDeque<Publish> = VecDeque::new();
     loop {
+        while let Some(p) = unacked.front() {
+            if client.try_ack(p).is_err() {
+                break;
+            }
+            unacked.pop_front();
+        }
         // Long enough for a connect to finish: rumqttc abandons a connect still in progress
         // when the timeout passes, and starts over at the next call.
         let event = connection.recv_timeout(Duration::from_secs(2));
@@ -160,6 +170,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         match event {
             Ok(Ok(Event::Incoming(Packet::ConnAck(_)))) => {
+                // A new connection: the broker delivers again what was not acknowledged, and an
+                // ack of the old connection's packet id could acknowledge another message.
+                unacked.clear();
                 // Again on every connection: a broker that lost the session lost the subscription.
                 client.try_subscribe(args.filter.as_str(), QoS::AtLeastOnce)?;
             }
@@ -175,7 +188,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     Err(e) => return Err(e.into()),
                 }
                 // Committed (or not ours) before it is acknowledged, from this thread, in order.
-                client.try_ack(&p)?;
+                unacked.push_back(p);
                 if last_report.elapsed() >= args.report_every {
                     last_report = Instant::now();
                     report(&consumer, GRACE);

@@ -8,6 +8,7 @@
 //!   when it is installed or asked for, rumqttd otherwise; `EDGE_OUTBOX_BROKER` chooses).
 //! - [`child`]: child processes killed when their test ends, fails or panics, and this test
 //!   binary run again as a child process that can abort or be killed.
+//! - [`example`]: the cloud consumer example as a child process, killed and restarted.
 //! - [`damage`]: rows with a mark findable in the file, and a page holding one overwritten.
 //! - [`proxy`]: a TCP proxy that cuts, stalls, refuses and half-opens connections on command.
 //! - [`ledger`]: a device whose commands credit a balance, behind a relay.
@@ -31,6 +32,7 @@ pub mod child;
 pub mod credits;
 pub mod damage;
 pub mod device;
+pub mod example;
 pub mod ledger;
 pub mod mqtt_proxy;
 pub mod mutant;

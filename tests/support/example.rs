@@ -1,0 +1,136 @@
+//! The examples as child processes: `examples/cloud_consumer.rs`, the consumer a new user copies,
+//! started, read line by line, killed and restarted.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::ChildGuard;
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// The example's binary, which `cargo test` builds beside the test binaries; an error if it is
+/// missing or older than its source (a stale binary would test old code).
+pub fn path(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let debug = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .ok_or("no target dir")?;
+    let path = debug.join("examples").join(name);
+    let built = std::fs::metadata(&path).and_then(|m| m.modified()).map_err(|e| {
+        format!(
+            "{} was not built ({e}): `cargo test` builds it, `cargo test --test` does not",
+            path.display()
+        )
+    })?;
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(format!("{name}.rs"));
+    if std::fs::metadata(source)?.modified()? > built {
+        return Err(format!(
+            "{} is older than its source: run `cargo build --examples --all-features`",
+            path.display()
+        )
+        .into());
+    }
+    Ok(path)
+}
+
+/// `examples/cloud_consumer.rs` running, its stdout collected line by line.
+pub struct CloudConsumer {
+    child: ChildGuard,
+    lines: mpsc::Receiver<String>,
+    /// Every line read so far.
+    pub said: Vec<String>,
+}
+
+impl CloudConsumer {
+    /// Starts the example with `args` and waits until it has subscribed.
+    pub fn start(args: &[&str]) -> Result<CloudConsumer> {
+        let mut child = ChildGuard::new(
+            Command::new(path("cloud_consumer")?)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn()?,
+        );
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(std::result::Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut consumer = CloudConsumer {
+            child,
+            lines,
+            said: Vec::new(),
+        };
+        consumer.wait_for("subscribed to ", super::WAIT)?;
+        Ok(consumer)
+    }
+
+    /// Waits for a line starting with `prefix`.
+    pub fn wait_for(&mut self, prefix: &str, timeout: Duration) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .map_err(|_| format!("no line starting with {prefix:?}: {:#?}", self.said))?;
+            self.said.push(line.clone());
+            if line.starts_with(prefix) {
+                return Ok(line);
+            }
+        }
+    }
+
+    /// SIGKILL, now: a crash at whatever point it had reached.
+    pub fn kill(mut self) {
+        self.child.kill_and_wait();
+    }
+
+    /// Waits for it to exit on its own (`--exit-when-idle`); its status and everything it said.
+    pub fn wait(mut self, timeout: Duration) -> Result<(ExitStatus, Vec<String>)> {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = self.child.try_wait()? {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("the consumer did not exit: {:#?}", self.said).into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // The reader ends at the pipe's end.
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(2)) {
+            self.said.push(line);
+        }
+        Ok((status, self.said))
+    }
+}
+
+/// The example's `totals:` line, as (delivered, duplicates, announced, unexplained).
+pub fn totals(said: &[String]) -> Result<(u64, u64, u64, u64)> {
+    let line = said
+        .iter()
+        .find(|l| l.starts_with("totals:"))
+        .ok_or_else(|| format!("no totals: {said:#?}"))?;
+    let n: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(str::parse)
+        .collect::<std::result::Result<_, _>>()?;
+    match n[..] {
+        [delivered, duplicates, announced, unexplained] => {
+            Ok((delivered, duplicates, announced, unexplained))
+        }
+        _ => Err(format!("unexpected totals line {line:?}").into()),
+    }
+}
