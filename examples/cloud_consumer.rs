@@ -20,7 +20,8 @@
 //! cargo run --example cloud_consumer -- 127.0.0.1:1883 /tmp/cloud-a.db 'fleet/a/#' --client-id cloud-a
 //! ```
 //!
-//! Arguments: the broker (`HOST:PORT`), the consumer's own database file (one per consumer
+//! Arguments: the broker (`HOST:PORT`, or the nodes of a cluster, `HOST:PORT,HOST:PORT,...`, tried
+//! in turn when a connection fails), the consumer's own database file (one per consumer
 //! process), the topic filter the devices publish under (every topic they publish on: their
 //! numbering counts them all), and optionally `--client-id ID` (default `cloud-consumer`; one per
 //! consumer process), `--from-start` (the consumer has been there since the devices' first
@@ -130,7 +131,14 @@ fn report(consumer: &DurableConsumer, grace: Duration) -> bool {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = args()?;
-    let (host, port) = args.broker.rsplit_once(':').ok_or("broker must be HOST:PORT")?;
+    let brokers = args
+        .broker
+        .split(',')
+        .map(|b| {
+            let (host, port) = b.rsplit_once(':').ok_or("broker must be HOST:PORT")?;
+            Ok((host.to_owned(), port.parse::<u16>()?))
+        })
+        .collect::<Result<Vec<_>, Box<dyn std::error::Error>>>()?;
 
     let mut consumer = DurableConsumer::open(&args.db, Consumer::new().from_start(args.from_start))?;
     consumer.connection().execute_batch(
@@ -141,12 +149,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut last_message = Instant::now();
 
     // A persistent session with manual acks: acknowledge only what is committed.
-    let mut options = MqttOptions::new(args.client_id.as_str(), host, port.parse()?);
-    options
-        .set_clean_session(false)
-        .set_manual_acks(true)
-        .set_keep_alive(Duration::from_secs(30));
-    let (client, mut connection) = Client::new(options, 64);
+    let connect = |(host, port): &(String, u16)| {
+        let mut options = MqttOptions::new(args.client_id.as_str(), host.as_str(), *port);
+        options
+            .set_clean_session(false)
+            .set_manual_acks(true)
+            .set_keep_alive(Duration::from_secs(30));
+        Client::new(options, 64)
+    };
+    let mut broker = 0;
+    let (mut client, mut connection) = connect(&brokers[broker]);
     // Committed and not yet handed to the client: a burst of deliveries can fill its request
     // queue, which only drains as the connection is polled below.
     let mut unacked: VecDeque<Publish> = VecDeque::new();
@@ -196,8 +208,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             Ok(Ok(_)) | Err(_) => {}
             Ok(Err(e)) => {
-                eprintln!("connection: {e}; retrying");
-                std::thread::sleep(Duration::from_secs(1));
+                // The next node of a cluster (the same broker again when there is one).
+                broker = (broker + 1) % brokers.len();
+                let (host, port) = &brokers[broker];
+                eprintln!("connection: {e}; trying {host}:{port}");
+                std::thread::sleep(Duration::from_millis(500));
+                (client, connection) = connect(&brokers[broker]);
             }
         }
     }
