@@ -9,8 +9,10 @@
 //! - `eo_skip_mount`: not root, so no tmpfs can be mounted (the read-only file system test);
 //! - `eo_skip_mosquitto`: no mosquitto (PATH, /usr/sbin, /usr/local/sbin), for the few tests that
 //!   need what only it has (ACL files, size limits); every other test runs on rumqttd as well.
+//! - `eo_skip_rabbitmq`: no RabbitMQ server (Debian's `rabbitmq-server` package, with its `epmd`),
+//!   for the broker-cluster test.
 //!
-//! `EDGE_OUTBOX_SKIP=python,fuse,mount,mosquitto` skips parts on purpose (say, a machine with no package
+//! `EDGE_OUTBOX_SKIP=python,fuse,mount,mosquitto,rabbitmq` skips parts on purpose (say, a machine with no package
 //! index to fetch `cbor2` from). `EDGE_OUTBOX_REQUIRE_ALL=1` (CI) makes any missing or skipped
 //! part a build error that names it. Only file-system probes run here: nothing is spawned or
 //! fetched. After installing a missing part, `touch build.rs` (or `cargo clean -p edge-outbox`)
@@ -24,11 +26,12 @@
 use std::path::{Path, PathBuf};
 
 /// Every cfg a missing part can set.
-const CFGS: [&str; 4] = [
+const CFGS: [&str; 5] = [
     "eo_skip_python",
     "eo_skip_fuse",
     "eo_skip_mount",
     "eo_skip_mosquitto",
+    "eo_skip_rabbitmq",
 ];
 
 struct Part {
@@ -72,6 +75,11 @@ fn main() {
             name: "mosquitto",
             cfg: "eo_skip_mosquitto",
             missing: mosquitto_missing(),
+        },
+        Part {
+            name: "rabbitmq",
+            cfg: "eo_skip_rabbitmq",
+            missing: rabbitmq_missing(),
         },
         Part {
             name: "mount",
@@ -132,6 +140,14 @@ fn mosquitto_missing() -> Option<String> {
             .iter()
             .any(|d| Path::new(d).join("mosquitto").is_file());
     (!found).then(|| "mosquitto is not installed".to_owned())
+}
+
+fn rabbitmq_missing() -> Option<String> {
+    // The paths tests/support/rabbit.rs starts.
+    ["/usr/lib/rabbitmq/bin/rabbitmq-server", "/usr/bin/epmd"]
+        .iter()
+        .find(|p| !Path::new(p).is_file())
+        .map(|p| format!("{p} is missing (Debian package rabbitmq-server)"))
 }
 
 fn is_root() -> bool {

@@ -17,6 +17,7 @@
 //! - [`mutant`]: this test binary run again with a mutant on, for the scenario mutants: it must
 //!   fail, on its own verdict.
 //! - [`mux`]: one address for MQTT 3.1.1 and 5 clients in front of rumqttd.
+//! - [`rabbit`]: a 3-node RabbitMQ cluster as child processes, nodes killed and restarted.
 //! - [`python`]: an interpreter with `cbor2` for the interoperability tests, provisioned once.
 //! - [`subscriber`]: an independent rumqttc client that collects what arrives, and one-shot publishing.
 //! - [`tls`]: a CA, server and client certificates generated at run time (rcgen).
@@ -40,6 +41,7 @@ pub mod mux;
 pub mod powercut;
 pub mod proxy;
 pub mod python;
+pub mod rabbit;
 pub mod subscriber;
 pub mod tls;
 
