@@ -8,8 +8,10 @@
 //! committed count is compared with what the consumer accounted for.
 //!
 //! Broker: mosquitto (persistence on, autosave every second, queue limits raised: the test
-//! harness's configuration), a single node. The 3-node RabbitMQ cluster of issue 12 is not
-//! implemented here: this bench says so in its output.
+//! harness's configuration), a single node. Then the same fleet on a 3-node RabbitMQ cluster
+//! losing a node, once with quorum queues and once with classic ones, read by sharded consumer
+//! processes that are killed and restarted (`fleet_cluster/mod.rs`, which lists its lines); where
+//! RabbitMQ is not installed it says so and runs only the single node.
 //!
 //! Prints, one `bench: NAME VALUE` line each: `fleet_broker`, `fleet_devices`, `fleet_committed`,
 //! `fleet_msgs_per_s` (distinct messages delivered per second of the run, from the first commit
@@ -23,10 +25,12 @@
 //! divided by N: the devices share one process, so this is an average).
 //!
 //! Environment: `EDGE_OUTBOX_FLEET_DEVICES` (200), `EDGE_OUTBOX_FLEET_SECONDS` (40),
-//! `EDGE_OUTBOX_FLEET_RATE` (messages per second per device, 2), `EDGE_OUTBOX_BENCH_DIR` (where
-//! the databases go; default the cargo target tmp dir).
+//! `EDGE_OUTBOX_FLEET_RATE` (messages per second per device, 2), `EDGE_OUTBOX_FLEET_RUNS` (which
+//! runs, default `mosquitto,quorum,classic`), `EDGE_OUTBOX_BENCH_DIR` (where the databases go;
+//! default the cargo target tmp dir).
 
 mod common;
+mod fleet_cluster;
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -108,13 +112,41 @@ fn main() -> BenchResult {
     let devices_n = env_num("EDGE_OUTBOX_FLEET_DEVICES", 200.0)? as usize;
     let seconds = env_num("EDGE_OUTBOX_FLEET_SECONDS", 40.0)?;
     let rate = env_num("EDGE_OUTBOX_FLEET_RATE", 2.0)?;
+    let runs = std::env::var("EDGE_OUTBOX_FLEET_RUNS").unwrap_or_else(|_| "mosquitto,quorum,classic".into());
+    let runs: Vec<&str> = runs.split(',').map(str::trim).collect();
+    if runs.contains(&"mosquitto") {
+        single_broker(devices_n, seconds, rate)?;
+    }
+    for (name, queues) in [
+        ("quorum", support::rabbit::Queues::Quorum),
+        ("classic", support::rabbit::Queues::Classic),
+    ] {
+        if !runs.contains(&name) {
+            continue;
+        }
+        if let Some(why) = support::rabbit::unavailable() {
+            println!("fleet cluster ({name} queues): not run: {why}");
+            continue;
+        }
+        let settings = fleet_cluster::Run {
+            devices: devices_n,
+            seconds,
+            rate,
+            queues,
+        };
+        fleet_cluster::run(&settings, bench_dir()?.path())?;
+    }
+    Ok(())
+}
+
+/// The fleet against one mosquitto, killed and restarted mid-run.
+fn single_broker(devices_n: usize, seconds: f64, rate: f64) -> BenchResult {
     let mut broker = Broker::builder()
         .kind(BrokerKind::Mosquitto)
         .persistence(true)
         .start()?;
     println!(
-        "fleet: {devices_n} devices, {rate} msg/s each for {seconds} s, against one mosquitto on {} \
-         (the 3-node RabbitMQ cluster run is not implemented: mosquitto instead)",
+        "fleet: {devices_n} devices, {rate} msg/s each for {seconds} s, against one mosquitto on {}",
         broker.addr()
     );
     let dir = bench_dir()?;
@@ -305,7 +337,7 @@ fn main() -> BenchResult {
             report.totals.unexplained
         );
     }
-    println!("bench: fleet_broker mosquitto (single node; RabbitMQ cluster not run)");
+    println!("bench: fleet_broker mosquitto (single node)");
     println!("bench: fleet_devices {devices_n}");
     println!("bench: fleet_committed {committed}");
     println!(

@@ -25,8 +25,8 @@
 //! process), the topic filter the devices publish under (every topic they publish on: their
 //! numbering counts them all), and optionally `--client-id ID` (default `cloud-consumer`; one per
 //! consumer process), `--from-start` (the consumer has been there since the devices' first
-//! messages: a loss before the first one it sees counts too), `--exit-when-idle SECS` and
-//! `--report-every SECS` (default 60).
+//! messages: a loss before the first one it sees counts too), `--exit-when-idle SECS` (exit after
+//! that long subscribed without a message) and `--report-every SECS` (default 60).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -82,7 +82,7 @@ fn args() -> Result<Args, Box<dyn std::error::Error>> {
 }
 
 /// The effect of one item, in the transaction that saves the consumer's verdict on it: a row per
-/// event, its payload as JSON. `Unknown` (a number the consumer cannot place) is stored too, and
+/// event, its payload as JSON, when it was committed on the device and when it arrived. `Unknown` (a number the consumer cannot place) is stored too, and
 /// the event's id, the table's key, has the last word.
 fn apply(tx: &Transaction<'_>, topic: &str, item: &Published, verdict: Verdict) -> Result<(), Error> {
     match (item, verdict) {
@@ -96,8 +96,9 @@ fn apply(tx: &Transaction<'_>, topic: &str, item: &Published, verdict: Verdict) 
                 Err(e) => format!("{{\"undecodable\": {:?}}}", e.to_string()),
             };
             tx.execute(
-                "INSERT OR IGNORE INTO events (message_id, source, seq, topic, key, payload)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT OR IGNORE INTO events
+                     (message_id, source, seq, topic, key, payload, created_ms, received_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 (
                     env.id.to_string(),
                     env.source.as_ref(),
@@ -105,12 +106,21 @@ fn apply(tx: &Transaction<'_>, topic: &str, item: &Published, verdict: Verdict) 
                     topic,
                     env.key.as_ref(),
                     payload,
+                    env.created_ms,
+                    now_ms(),
                 ),
             )?;
         }
         _ => {}
     }
     Ok(())
+}
+
+/// Milliseconds since the Unix epoch: when an event arrived, beside when it was committed.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 /// Prints the report; whether anything went missing unannounced.
@@ -142,11 +152,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut consumer = DurableConsumer::open(&args.db, Consumer::new().from_start(args.from_start))?;
     consumer.connection().execute_batch(
-        "CREATE TABLE IF NOT EXISTS events (
-             message_id TEXT PRIMARY KEY, source TEXT, seq INTEGER, topic TEXT, key TEXT, payload TEXT)",
+        "CREATE TABLE IF NOT EXISTS events (message_id TEXT PRIMARY KEY, source TEXT, seq INTEGER,
+             topic TEXT, key TEXT, payload TEXT, created_ms INTEGER, received_ms INTEGER)",
     )?;
     let mut last_report = Instant::now();
     let mut last_message = Instant::now();
+    let mut subscribed = false;
 
     // A persistent session with manual acks: acknowledge only what is committed.
     let connect = |(host, port): &(String, u16)| {
@@ -172,7 +183,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Long enough for a connect to finish: rumqttc abandons a connect still in progress
         // when the timeout passes, and starts over at the next call.
         let event = connection.recv_timeout(Duration::from_secs(2));
+        // Idle only while subscribed: a consumer waiting for its broker is not done.
         if let Some(idle) = args.exit_when_idle
+            && subscribed
             && last_message.elapsed() >= idle
         {
             // Everything has had its chance to arrive: what is still missing is lost.
@@ -188,7 +201,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 // Again on every connection: a broker that lost the session lost the subscription.
                 client.try_subscribe(args.filter.as_str(), QoS::AtLeastOnce)?;
             }
-            Ok(Ok(Event::Incoming(Packet::SubAck(_)))) => println!("subscribed to {}", args.filter),
+            Ok(Ok(Event::Incoming(Packet::SubAck(_)))) => {
+                println!("subscribed to {}", args.filter);
+                subscribed = true;
+                last_message = Instant::now();
+            }
             Ok(Ok(Event::Incoming(Packet::Publish(p)))) => {
                 last_message = Instant::now();
                 match consumer.observe_all(&p.payload, |tx, item, verdict| apply(tx, &p.topic, item, verdict))
@@ -209,6 +226,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(Ok(_)) | Err(_) => {}
             Ok(Err(e)) => {
                 // The next node of a cluster (the same broker again when there is one).
+                subscribed = false;
                 broker = (broker + 1) % brokers.len();
                 let (host, port) = &brokers[broker];
                 eprintln!("connection: {e}; trying {host}:{port}");

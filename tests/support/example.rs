@@ -50,6 +50,13 @@ pub struct CloudConsumer {
 impl CloudConsumer {
     /// Starts the example with `args` and waits until it has subscribed.
     pub fn start(args: &[&str]) -> Result<CloudConsumer> {
+        let mut consumer = Self::spawn(args)?;
+        consumer.wait_for("subscribed to ", super::WAIT)?;
+        Ok(consumer)
+    }
+
+    /// Starts the example with `args`, without waiting (its broker may be down).
+    pub fn spawn(args: &[&str]) -> Result<CloudConsumer> {
         let mut child = ChildGuard::new(
             Command::new(path("cloud_consumer")?)
                 .args(args)
@@ -67,13 +74,11 @@ impl CloudConsumer {
                 }
             }
         });
-        let mut consumer = CloudConsumer {
+        Ok(CloudConsumer {
             child,
             lines,
             said: Vec::new(),
-        };
-        consumer.wait_for("subscribed to ", super::WAIT)?;
-        Ok(consumer)
+        })
     }
 
     /// Waits for a line starting with `prefix`.
