@@ -95,10 +95,19 @@ fn apply(tx: &Transaction<'_>, topic: &str, item: &Published, verdict: Verdict) 
                 Ok(json) => json.to_string(),
                 Err(e) => format!("{{\"undecodable\": {:?}}}", e.to_string()),
             };
+            // A new message is stored once: a second row for its id is a bug, and fails loudly.
+            // One the consumer cannot place may have been stored before: its id decides.
+            let insert = if matches!(verdict, Verdict::Unknown) {
+                "INSERT OR IGNORE"
+            } else {
+                "INSERT"
+            };
             tx.execute(
-                "INSERT OR IGNORE INTO events
-                     (message_id, source, seq, topic, key, payload, created_ms, received_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                &format!(
+                    "{insert} INTO events
+                         (message_id, source, seq, topic, key, payload, created_ms, received_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"
+                ),
                 (
                     env.id.to_string(),
                     env.source.as_ref(),
@@ -227,6 +236,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok(Err(e)) => {
                 // The next node of a cluster (the same broker again when there is one).
                 subscribed = false;
+                // Those acks belong to the old connection: its packet ids may name other
+                // messages on the next one. The broker delivers them again.
+                unacked.clear();
                 broker = (broker + 1) % brokers.len();
                 let (host, port) = &brokers[broker];
                 eprintln!("connection: {e}; trying {host}:{port}");

@@ -81,6 +81,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct DurableConsumer {
     conn: Connection,
     consumer: Consumer,
+    /// Memory may be ahead of the file (a transaction that did not commit, a reload that failed,
+    /// a panic in the effect): reload before observing anything more.
+    stale: bool,
 }
 
 impl DurableConsumer {
@@ -97,17 +100,25 @@ impl DurableConsumer {
         saved::create(&conn)?;
         let mut consumer = settings;
         saved::load(&conn, &mut consumer)?;
-        Ok(DurableConsumer { conn, consumer })
+        Ok(DurableConsumer {
+            conn,
+            consumer,
+            stale: false,
+        })
     }
 
     /// Decodes `bytes` (a relay's MQTT payload: a message, a gap notice or a batch) and, in one
     /// transaction, observes each item, calls `effect` with the transaction, the item and its
     /// verdict, and saves the consumer's state. Returns the items and verdicts once committed.
     ///
-    /// If `effect` fails, or the commit does, nothing of it is kept: the transaction rolls back,
-    /// the consumer goes back to its last saved state, and the error is returned (the items are
-    /// new again when the broker delivers them again). A payload that is not an edge-outbox one
-    /// is an [`Error::Decode`] and changes nothing.
+    /// If `effect` fails (or panics), or the commit does, nothing of it is kept: the transaction
+    /// rolls back, the consumer goes back to its last saved state (read again from the file,
+    /// before this call returns or at the next one), and the error is returned (the items are new
+    /// again when the broker delivers them again). A payload that is not an edge-outbox one is an
+    /// [`Error::Decode`] and changes nothing.
+    ///
+    /// The schema findings' count ([`Totals::schema_violations`](super::Totals::schema_violations))
+    /// is saved; the findings themselves, the newest examples, are kept in memory only.
     pub fn observe_all<E, F>(
         &mut self,
         bytes: &[u8],
@@ -132,6 +143,12 @@ impl DurableConsumer {
         F: FnMut(&Transaction<'_>, &Published, Verdict) -> std::result::Result<(), E>,
         E: From<Error>,
     {
+        if self.stale {
+            saved::load(&self.conn, &mut self.consumer)?;
+            self.stale = false;
+        }
+        // Until the commit: a panic in `effect` leaves it set, so the next call reloads.
+        self.stale = true;
         let tx = self.conn.transaction().map_err(Error::from)?;
         let mut out = Vec::with_capacity(items.len());
         let mut failed = None;
@@ -152,9 +169,17 @@ impl DurableConsumer {
                 .and_then(|()| Ok(tx.commit()?))
                 .map_err(E::from),
         };
-        if result.is_err() && !crate::mutant::active("consumer-kept-after-rollback") {
-            // The transaction rolled back (dropped): so must the verdicts.
-            saved::load(&self.conn, &mut self.consumer)?;
+        if result.is_ok() || crate::mutant::active("consumer-kept-after-rollback") {
+            self.stale = false;
+        } else {
+            // The transaction rolled back (dropped): so must the verdicts. If the file cannot be
+            // read now, the next call tries again; the caller gets the error that rolled back.
+            match saved::load(&self.conn, &mut self.consumer) {
+                Ok(()) => self.stale = false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not reload the consumer's saved state after a rollback; retrying at the next payload")
+                }
+            }
         }
         result.map(|()| out)
     }

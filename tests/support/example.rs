@@ -12,7 +12,7 @@ use super::ChildGuard;
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 /// The example's binary, which `cargo test` builds beside the test binaries; an error if it is
-/// missing or older than its source (a stale binary would test old code).
+/// missing or older than its source or the library's (a stale binary would test old code).
 pub fn path(name: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let debug = exe
@@ -26,10 +26,9 @@ pub fn path(name: &str) -> Result<PathBuf> {
             path.display()
         )
     })?;
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("examples")
-        .join(format!("{name}.rs"));
-    if std::fs::metadata(source)?.modified()? > built {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let source = std::fs::metadata(root.join("examples").join(format!("{name}.rs")))?.modified()?;
+    if source.max(newest(&root.join("src"))?) > built {
         return Err(format!(
             "{} is older than its source: run `cargo build --examples --all-features`",
             path.display()
@@ -37,6 +36,22 @@ pub fn path(name: &str) -> Result<PathBuf> {
         .into());
     }
     Ok(path)
+}
+
+/// The newest modification time of the files under `dir`: the library the example links.
+fn newest(dir: &std::path::Path) -> std::io::Result<std::time::SystemTime> {
+    let mut latest = std::time::SystemTime::UNIX_EPOCH;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        let time = if meta.is_dir() {
+            newest(&entry.path())?
+        } else {
+            meta.modified()?
+        };
+        latest = latest.max(time);
+    }
+    Ok(latest)
 }
 
 /// `examples/cloud_consumer.rs` running, its stdout collected line by line.
@@ -62,14 +77,25 @@ impl CloudConsumer {
                 .args(args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
+                .stderr(Stdio::piped())
                 .spawn()?,
         );
         let stdout = child.stdout.take().ok_or("no stdout")?;
+        let stderr = child.stderr.take().ok_or("no stderr")?;
         let (tx, lines) = mpsc::channel();
+        let err_tx = tx.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(std::result::Result::ok) {
                 if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        // Its errors too, marked, in the same list (and on this test's stderr).
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(std::result::Result::ok) {
+                eprintln!("cloud_consumer: {line}");
+                if err_tx.send(format!("stderr: {line}")).is_err() {
                     break;
                 }
             }
@@ -119,6 +145,24 @@ impl CloudConsumer {
         }
         Ok((status, self.said))
     }
+}
+
+/// What the tests say when the consumer called a message it had stored new again.
+pub const TAKEN_TWICE: &str = "a message taken for new twice";
+
+/// The totals of a consumer that ran to its end, as [`totals`]; an error saying why not. The
+/// example's effect refuses a second row for a message it calls new (a unique key), and stops.
+pub fn final_totals(said: &[String]) -> Result<(u64, u64, u64, u64)> {
+    if said
+        .iter()
+        .any(|l| l.contains("UNIQUE constraint failed: events.message_id"))
+    {
+        return Err(format!(
+            "{TAKEN_TWICE}: the consumer's effect refused a second row for it and the consumer stopped: {said:#?}"
+        )
+        .into());
+    }
+    totals(said)
 }
 
 /// The example's `totals:` line, as (delivered, duplicates, announced, unexplained).

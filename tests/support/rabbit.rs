@@ -139,11 +139,11 @@ impl RabbitCluster {
                 conf.push_str("mqtt.durable_queue_type = quorum\n");
             }
             if i > 0 {
-                // Boots while node 1 still does: retry long enough to find it.
+                // Boots while node 1 still does: retry for as long as a boot may take.
                 conf.push_str(&format!(
                     "cluster_formation.peer_discovery_backend = classic_config\n\
                      cluster_formation.classic_config.nodes.1 = {first}\n\
-                     cluster_formation.discovery_retry_limit = 240\n\
+                     cluster_formation.discovery_retry_limit = 720\n\
                      cluster_formation.discovery_retry_interval = 250\n"
                 ));
             }
@@ -185,6 +185,8 @@ impl RabbitCluster {
         for i in 0..3 {
             cluster.wait_ready(i)?;
         }
+        // Ready one by one is not yet one cluster: a node that missed node 1 would boot alone.
+        cluster.ctl(0, &["await_online_nodes", "3", "--timeout", "60"])?;
         eprintln!(
             "support: RabbitMQ cluster, MQTT on {:?}, pids {:?}, dir {}",
             cluster.nodes.iter().map(|n| n.mqtt).collect::<Vec<_>>(),
@@ -264,7 +266,8 @@ impl RabbitCluster {
     /// SIGKILL node `i`: it dies at once, as in a crash.
     pub fn kill(&mut self, i: usize) -> io::Result<()> {
         if let Some(mut p) = self.nodes[i].process.take() {
-            p.kill()?;
+            // Already dead is fine: what matters is that it is reaped.
+            let _ = p.kill();
             p.wait()?;
         }
         Ok(())
