@@ -4,9 +4,10 @@
 //! cookie (in a `HOME` of its own) and a private `epmd` on its own port, so nothing under `/etc`
 //! or the user's home is touched and two runs never meet.
 //!
-//! Nodes 2 and 3 find node 1 through `classic_config` peer discovery and join it as they boot, so
-//! all three start at once. A node is ready when its MQTT port accepts connections. Every process
-//! is killed when the cluster is dropped (a failed test included).
+//! Nodes 2 and 3 find node 1 through `classic_config` peer discovery and join it as they boot (no
+//! `rabbitmqctl join_cluster` round trips), one after the other. A node is ready when its MQTT
+//! port accepts connections; the cluster, when node 1 reports three nodes online. Every process
+//! is killed and reaped when the cluster is dropped (a failed test included).
 //!
 //! RabbitMQ's MQTT plugin (3.10) speaks MQTT 3.1.1 only and keeps a persistent subscriber's
 //! session as a queue `mqtt-subscription-<client id>qos1`: a classic queue on the node the
@@ -139,7 +140,7 @@ impl RabbitCluster {
                 conf.push_str("mqtt.durable_queue_type = quorum\n");
             }
             if i > 0 {
-                // Boots while node 1 still does: retry for as long as a boot may take.
+                // Retry for as long as a boot may take.
                 conf.push_str(&format!(
                     "cluster_formation.peer_discovery_backend = classic_config\n\
                      cluster_formation.classic_config.nodes.1 = {first}\n\
@@ -179,10 +180,10 @@ impl RabbitCluster {
                 process: None,
             });
         }
+        // One at a time: RabbitMQ 3.10's MQTT plugin can stall for about 100 s when two nodes
+        // join a cluster at the same moment.
         for i in 0..3 {
             cluster.spawn(i)?;
-        }
-        for i in 0..3 {
             cluster.wait_ready(i)?;
         }
         // Ready one by one is not yet one cluster: a node that missed node 1 would boot alone.
