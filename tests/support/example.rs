@@ -114,7 +114,10 @@ impl CloudConsumer {
             let line = self
                 .lines
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-                .map_err(|_| format!("no line starting with {prefix:?}: {:#?}", self.said))?;
+                .map_err(|_| match stopped_on_a_repeat(&self.said) {
+                    Some(why) => why,
+                    None => format!("no line starting with {prefix:?}: {:#?}", self.said),
+                })?;
             self.said.push(line.clone());
             if line.starts_with(prefix) {
                 return Ok(line);
@@ -150,17 +153,22 @@ impl CloudConsumer {
 /// What the tests say when the consumer called a message it had stored new again.
 pub const TAKEN_TWICE: &str = "a message taken for new twice";
 
-/// The totals of a consumer that ran to its end, as [`totals`]; an error saying why not. The
-/// example's effect refuses a second row for a message it calls new (a unique key), and stops.
-pub fn final_totals(said: &[String]) -> Result<(u64, u64, u64, u64)> {
-    if said
-        .iter()
+/// Why the consumer stopped, if it stopped because it called a message it had stored new again:
+/// the example's effect refuses a second row for a message (a unique key), and the example stops.
+fn stopped_on_a_repeat(said: &[String]) -> Option<String> {
+    said.iter()
         .any(|l| l.contains("UNIQUE constraint failed: events.message_id"))
-    {
-        return Err(format!(
-            "{TAKEN_TWICE}: the consumer's effect refused a second row for it and the consumer stopped: {said:#?}"
-        )
-        .into());
+        .then(|| {
+            format!(
+                "{TAKEN_TWICE}: the consumer's effect refused a second row for it and the consumer stopped: {said:#?}"
+            )
+        })
+}
+
+/// The totals of a consumer that ran to its end, as [`totals`]; an error saying why not.
+pub fn final_totals(said: &[String]) -> Result<(u64, u64, u64, u64)> {
+    if let Some(why) = stopped_on_a_repeat(said) {
+        return Err(why.into());
     }
     totals(said)
 }
