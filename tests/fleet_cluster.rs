@@ -110,8 +110,12 @@ fn a_fleet_on_a_cluster_losing_a_node_loses_nothing() -> TestResult {
         for other in (1..3).map(|k| nodes[(i + k) % 3]) {
             mqtt = mqtt.failover(other.ip().to_string(), other.port());
         }
-        let config =
-            RelayConfig::new(mqtt).reconnect_backoff(Duration::from_millis(50), Duration::from_millis(500));
+        // No poison isolation: while a node is down the cluster may close a publisher's
+        // connection several times over the same message (its queue's leader moving), which the
+        // heuristic would take for a poison message and dead-letter. This test is about loss.
+        let config = RelayConfig::new(mqtt)
+            .reconnect_backoff(Duration::from_millis(50), Duration::from_millis(500))
+            .poison_disconnects(0);
         let outbox = Outbox::open(dir.path().join(format!("{name}.db")))?;
         let relay = Relay::start(&outbox, config)?;
         devices.push(Device {
@@ -167,7 +171,13 @@ fn a_fleet_on_a_cluster_losing_a_node_loses_nothing() -> TestResult {
     let mut acknowledged = BTreeMap::new();
     for device in devices {
         let status = device.relay.status()?;
-        assert_eq!(status.dead_lettered, 0);
+        assert_eq!(
+            status.dead_lettered,
+            0,
+            "{} dead-lettered a message: {:?}",
+            device.name,
+            device.outbox.dead_letters(10)
+        );
         device.relay.shutdown()?;
         acknowledged.insert(device.name.clone(), status.acknowledged);
     }
