@@ -26,7 +26,7 @@ use std::time::Duration;
 use common::TestResult;
 use edge_outbox::{Outbox, Relay};
 use support::device::relay_config;
-use support::example::{CloudConsumer, TAKEN_TWICE, final_totals};
+use support::example::{CloudConsumer, TAKEN_TWICE, final_totals, shard_rows as rows};
 use support::{Broker, BrokerKind, WAIT, wait_until};
 
 /// What mosquitto keeps for a persistent session that is away; the rest is dropped.
@@ -40,33 +40,7 @@ struct Device {
 }
 
 fn consumer(broker: &Broker, db: &Path, shard: &str) -> Result<CloudConsumer, Box<dyn std::error::Error>> {
-    CloudConsumer::start(&[
-        &broker.addr().to_string(),
-        db.to_str().ok_or("path")?,
-        &format!("fleet/{shard}/#"),
-        "--client-id",
-        &format!("cloud-{shard}"),
-        "--from-start",
-        "--exit-when-idle",
-        "10",
-        "--report-every",
-        "3600",
-    ])
-}
-
-/// Rows the consumer's effect wrote per source: (how many, the highest number).
-fn rows(db: &Path) -> Result<BTreeMap<String, (u64, u64)>, Box<dyn std::error::Error>> {
-    let conn = rusqlite::Connection::open(db)?;
-    let mut stmt = conn.prepare("SELECT source, count(*), max(seq) FROM events GROUP BY source")?;
-    let rows = stmt.query_map([], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
-    })?;
-    let mut out = BTreeMap::new();
-    for row in rows {
-        let (source, n, high) = row?;
-        out.insert(source, (u64::try_from(n)?, u64::try_from(high)?));
-    }
-    Ok(out)
+    CloudConsumer::start_shard(&broker.addr().to_string(), db, shard, 10)
 }
 
 /// Waits until the consumer's file has stopped growing for a second: it has what the broker

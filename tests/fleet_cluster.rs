@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use common::TestResult;
 use edge_outbox::{MqttConfig, Outbox, Protocol, Relay, RelayConfig};
-use support::example::{CloudConsumer, TAKEN_TWICE, final_totals};
+use support::example::{CloudConsumer, TAKEN_TWICE, final_totals, shard_rows as rows};
 use support::rabbit::{Queues, RabbitCluster};
 use support::{WAIT, wait_until};
 
@@ -52,33 +52,7 @@ fn consumer(
     shard: &str,
 ) -> Result<CloudConsumer, Box<dyn std::error::Error>> {
     let brokers: Vec<String> = cluster.mqtt_addrs().iter().map(|a| a.to_string()).collect();
-    CloudConsumer::start(&[
-        &brokers.join(","),
-        db.to_str().ok_or("path")?,
-        &format!("fleet/{shard}/#"),
-        "--client-id",
-        &format!("cloud-{shard}"),
-        "--from-start",
-        "--exit-when-idle",
-        "6",
-        "--report-every",
-        "3600",
-    ])
-}
-
-/// Rows the consumer's effect stored per source: (how many, the highest number).
-fn rows(db: &Path) -> Result<BTreeMap<String, (u64, u64)>, Box<dyn std::error::Error>> {
-    let conn = rusqlite::Connection::open(db)?;
-    let mut stmt = conn.prepare("SELECT source, count(*), max(seq) FROM events GROUP BY source")?;
-    let rows = stmt.query_map([], |r| {
-        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
-    })?;
-    let mut out = BTreeMap::new();
-    for row in rows {
-        let (source, n, high) = row?;
-        out.insert(source, (u64::try_from(n)?, u64::try_from(high)?));
-    }
-    Ok(out)
+    CloudConsumer::start_shard(&brokers.join(","), db, shard, 6)
 }
 
 #[test]

@@ -1,8 +1,9 @@
 //! The examples as child processes: `examples/cloud_consumer.rs`, the consumer a new user copies,
 //! started, read line by line, killed and restarted.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -68,6 +69,23 @@ impl CloudConsumer {
         let mut consumer = Self::spawn(args)?;
         consumer.wait_for("subscribed to ", super::WAIT)?;
         Ok(consumer)
+    }
+
+    /// One shard's consumer: `fleet/<shard>/#` on `brokers` (`HOST:PORT[,...]`), client id
+    /// `cloud-<shard>`, counting from the start, exiting after `idle_secs` without a message.
+    pub fn start_shard(brokers: &str, db: &Path, shard: &str, idle_secs: u32) -> Result<CloudConsumer> {
+        Self::start(&[
+            brokers,
+            db.to_str().ok_or("path")?,
+            &format!("fleet/{shard}/#"),
+            "--client-id",
+            &format!("cloud-{shard}"),
+            "--from-start",
+            "--exit-when-idle",
+            &idle_secs.to_string(),
+            "--report-every",
+            "3600",
+        ])
     }
 
     /// Starts the example with `args`, without waiting (its broker may be down).
@@ -148,6 +166,21 @@ impl CloudConsumer {
         }
         Ok((status, self.said))
     }
+}
+
+/// Rows the example's effect stored in `db`, per source: (how many, the highest number).
+pub fn shard_rows(db: &Path) -> Result<BTreeMap<String, (u64, u64)>> {
+    let conn = rusqlite::Connection::open(db)?;
+    let mut stmt = conn.prepare("SELECT source, count(*), max(seq) FROM events GROUP BY source")?;
+    let rows = stmt.query_map([], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?))
+    })?;
+    let mut out = BTreeMap::new();
+    for row in rows {
+        let (source, n, high) = row?;
+        out.insert(source, (u64::try_from(n)?, u64::try_from(high)?));
+    }
+    Ok(out)
 }
 
 /// What the tests say when the consumer called a message it had stored new again.
