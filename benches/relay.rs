@@ -22,6 +22,9 @@
 //! - **b. Latency**: from the call of `Outbox::transaction` (store at FULL, so the commit's fsync
 //!   is in it) to the message's arrival at the subscriber, for a connected, idle relay, with
 //!   random 1-4 ms gaps between commits; raw rumqttc: from `publish` to arrival. p50, p99, p99.9.
+//!   Beside it the relay's own share, from the transaction's return to the PUBACK reaching the
+//!   relay's connection thread (timestamped from the crate's `mqtt event` trace), against raw
+//!   rumqttc's `publish` to the PUBACK reaching its event thread (`relay_share_over_raw_p99`).
 //! - **c. Memory**: a backlog of 1,000,000 rows is filled here, then drained by a child process
 //!   (this binary again, `EDGE_OUTBOX_BENCH_CHILD=drain`) so that the fill does not count; the
 //!   child samples its own `VmRSS` every 10 ms with its progress and reports `VmHWM`, and this
@@ -43,6 +46,8 @@
 mod common;
 #[path = "common/mqtt.rs"]
 mod mqtt;
+#[path = "common/puback_probe.rs"]
+mod puback_probe;
 #[path = "../tests/support/mod.rs"]
 mod support;
 #[path = "common/threads.rs"]
@@ -424,6 +429,11 @@ struct LatencyOutcome {
     relay: Vec<f64>,
     /// `publish` to arrival at the subscriber.
     raw: Vec<f64>,
+    /// The relay's own share: `Outbox::transaction`'s return to the PUBACK reaching the relay's
+    /// connection thread (read by the probe from the crate's `mqtt event` trace).
+    relay_puback: Vec<f64>,
+    /// `publish` to the PUBACK reaching raw rumqttc's event thread.
+    raw_puback: Vec<f64>,
 }
 
 fn ms_between(from: Instant, to: Instant) -> f64 {
@@ -451,7 +461,10 @@ fn latency_section(
         commit: Vec::new(),
         relay: Vec::new(),
         raw: Vec::new(),
+        relay_puback: Vec::new(),
+        raw_puback: Vec::new(),
     };
+    puback_probe::arm(true);
     for i in 0..total {
         thread::sleep(rng.gap());
         let r = reading(i as u64);
@@ -463,26 +476,37 @@ fn latency_section(
         let returned = Instant::now();
         // A fresh outbox numbers its rows from 1.
         let at = arrivals.wait_seq(i + 1, Duration::from_secs(10))?;
-        if i >= warm {
-            out.commit.push(ms_between(called, returned));
-            out.relay.push(ms_between(called, at));
-        }
-        // Let the mark commit before the next sample, so every sample starts from an idle relay.
+        // Let the mark commit before the next sample, so every sample starts from an idle relay
+        // (and the PUBACK, which comes before the mark, has been seen).
         let deadline = Instant::now() + Duration::from_secs(10);
         while relay.status()?.store.pending_messages != 0 && Instant::now() < deadline {
             thread::sleep(Duration::from_micros(200));
         }
+        let acks = puback_probe::take();
+        let [acked] = acks[..] else {
+            return Err(format!("sample {i}: {} PUBACKs seen by the probe, not 1", acks.len()).into());
+        };
+        if i >= warm {
+            out.commit.push(ms_between(called, returned));
+            out.relay.push(ms_between(called, at));
+            out.relay_puback.push(ms_between(returned, acked));
+        }
     }
+    puback_probe::arm(false);
     relay.shutdown()?;
 
     // Raw rumqttc: publish, then arrival at the subscriber.
     let (client, mut connection) = mqtt::raw(port, "bench-raw-latency", window);
     let (conn_tx, conn_rx) = crossbeam_channel::bounded::<()>(1);
+    let (ack_tx, ack_rx) = crossbeam_channel::unbounded::<Instant>();
     let event_loop = thread::Builder::new().name("raw-events".into()).spawn(move || {
         loop {
             match connection.next(Duration::from_secs(60)) {
                 Ok(RawEvent::ConnAck) => {
                     let _ = conn_tx.try_send(());
+                }
+                Ok(RawEvent::PubAck) => {
+                    let _ = ack_tx.send(Instant::now());
                 }
                 Ok(RawEvent::DisconnectSent) | Err(_) => break,
                 Ok(_) => {}
@@ -499,8 +523,12 @@ fn latency_section(
         let t0 = Instant::now();
         client.publish(topic, payload)?;
         let at = arrivals.wait_seq(i + 1, Duration::from_secs(10))?;
+        let acked = ack_rx
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|_| format!("raw sample {i}: no PUBACK"))?;
         if i >= warm {
             out.raw.push(ms_between(t0, at));
+            out.raw_puback.push(ms_between(t0, acked));
         }
     }
     client.try_disconnect();
@@ -714,6 +742,7 @@ fn main() -> BoxResult<()> {
     println!("  databases in {}; scale {scale}", base.display());
     println!();
     let started = Instant::now();
+    puback_probe::install()?;
     let arrivals = Arrivals::start(port)?;
 
     let drain = if on("drain") {
@@ -844,17 +873,27 @@ fn main() -> BoxResult<()> {
         row("the commit itself (transaction call -> return)", &l.commit);
         row("relay: transaction call -> arrival at the subscriber", &l.relay);
         row("raw rumqttc: publish -> arrival at the subscriber", &l.raw);
+        row("relay's share: transaction return -> PUBACK", &l.relay_puback);
+        row("raw rumqttc: publish -> PUBACK", &l.raw_puback);
         let (p50, p99) = (quantile(&l.relay, 0.5), quantile(&l.relay, 0.99));
         println!(
             "   target p50 < 2 ms: {p50:.3} {}; p99 < 10 ms: {p99:.3} {}",
             verdict(p50 < 2.0),
             verdict(p99 < 10.0),
         );
+        let share = quantile(&l.relay_puback, 0.99) / quantile(&l.raw_puback, 0.99);
+        println!(
+            "   relay's share over raw at p99 (to PUBACK), target <= 2: {share:.2} {}",
+            verdict(share <= 2.0)
+        );
+        bench.push(("relay_share_over_raw_p99".into(), format!("{share:.3}")));
         println!();
         for (name, v) in [
             ("relay_latency", &l.relay),
             ("raw_latency", &l.raw),
             ("commit", &l.commit),
+            ("relay_share_puback", &l.relay_puback),
+            ("raw_puback", &l.raw_puback),
         ] {
             bench.push((format!("{name}_p50_ms"), format!("{:.3}", quantile(v, 0.5))));
             bench.push((format!("{name}_p99_ms"), format!("{:.3}", quantile(v, 0.99))));
