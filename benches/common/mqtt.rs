@@ -55,7 +55,10 @@ pub enum RawConnection {
 #[derive(Debug, PartialEq, Eq)]
 pub enum RawEvent {
     ConnAck,
-    PubAck,
+    /// A publish written to the socket, with the packet id it took.
+    Sent(u16),
+    /// Its PUBACK.
+    PubAck(u16),
     DisconnectSent,
     Other,
 }
@@ -109,7 +112,10 @@ impl RawConnection {
         use rumqttc::v5::mqttbytes::v5::Packet as P5;
         match self {
             RawConnection::V4(c) => match c.recv_timeout(timeout) {
-                Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(_)))) => Ok(RawEvent::PubAck),
+                Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::PubAck(a)))) => Ok(RawEvent::PubAck(a.pkid)),
+                Ok(Ok(rumqttc::Event::Outgoing(rumqttc::Outgoing::Publish(pkid)))) => {
+                    Ok(RawEvent::Sent(pkid))
+                }
                 Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_)))) => Ok(RawEvent::ConnAck),
                 Ok(Ok(rumqttc::Event::Outgoing(rumqttc::Outgoing::Disconnect))) => {
                     Ok(RawEvent::DisconnectSent)
@@ -119,7 +125,10 @@ impl RawConnection {
                 Err(e) => Err(format!("raw rumqttc: {e:?}")),
             },
             RawConnection::V5(c) => match c.recv_timeout(timeout) {
-                Ok(Ok(rumqttc::v5::Event::Incoming(P5::PubAck(_)))) => Ok(RawEvent::PubAck),
+                Ok(Ok(rumqttc::v5::Event::Incoming(P5::PubAck(a)))) => Ok(RawEvent::PubAck(a.pkid)),
+                Ok(Ok(rumqttc::v5::Event::Outgoing(rumqttc::Outgoing::Publish(pkid)))) => {
+                    Ok(RawEvent::Sent(pkid))
+                }
                 Ok(Ok(rumqttc::v5::Event::Incoming(P5::ConnAck(_)))) => Ok(RawEvent::ConnAck),
                 Ok(Ok(rumqttc::v5::Event::Outgoing(rumqttc::Outgoing::Disconnect))) => {
                     Ok(RawEvent::DisconnectSent)

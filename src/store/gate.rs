@@ -81,22 +81,43 @@ impl WriteGate {
     }
 }
 
-/// The gate of the file `conn` is open on: one per file per process, found by the file's
-/// canonical path.
+/// Every file's gate in this process: by canonical path (what makes two names of one file share
+/// a queue), and by the name a connection holds, so that only a name's first lookup resolves it on
+/// disk: writers that take the gate per transaction (the marker, the command intake) would
+/// otherwise pay a path walk and its system calls on every commit.
+#[derive(Default)]
+struct Gates {
+    by_file: HashMap<PathBuf, Weak<WriteGate>>,
+    by_name: HashMap<String, Weak<WriteGate>>,
+}
+
+/// The gate of the file `conn` is open on: one per file per process.
 pub(crate) fn of(conn: &Connection) -> Arc<WriteGate> {
-    static GATES: OnceLock<Mutex<HashMap<PathBuf, Weak<WriteGate>>>> = OnceLock::new();
-    let name = PathBuf::from(conn.path().unwrap_or_default());
-    let key = std::fs::canonicalize(&name).unwrap_or(name);
-    let mut gates = GATES
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    if let Some(gate) = gates.get(&key).and_then(Weak::upgrade) {
+    static GATES: OnceLock<Mutex<Gates>> = OnceLock::new();
+    let lock = || {
+        GATES
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    };
+    let name = conn.path().unwrap_or_default();
+    if let Some(gate) = lock().by_name.get(name).and_then(Weak::upgrade) {
         return gate;
     }
-    gates.retain(|_, g| g.strong_count() > 0);
-    let gate = Arc::new(WriteGate::default());
-    gates.insert(key, Arc::downgrade(&gate));
+    // Resolved outside the lock: it touches the disk.
+    let key = std::fs::canonicalize(name).unwrap_or_else(|_| PathBuf::from(name));
+    let mut gates = lock();
+    let gate = match gates.by_file.get(&key).and_then(Weak::upgrade) {
+        Some(gate) => gate,
+        None => {
+            gates.by_file.retain(|_, g| g.strong_count() > 0);
+            gates.by_name.retain(|_, g| g.strong_count() > 0);
+            let gate = Arc::new(WriteGate::default());
+            gates.by_file.insert(key, Arc::downgrade(&gate));
+            gate
+        }
+    };
+    gates.by_name.insert(name.to_owned(), Arc::downgrade(&gate));
     gate
 }
 
@@ -134,5 +155,29 @@ mod tests {
             w.join().expect("waiter");
         }
         assert_eq!(*order.lock().expect("order"), vec![0, 1, 2, 3]);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn two_names_of_one_file_share_a_gate_and_another_file_has_its_own() {
+        let dir = tempfile::tempdir().expect("dir");
+        let file = dir.path().join("a.db");
+        let other = dir.path().join("b.db");
+        let link = dir.path().join("link.db");
+        let open = |p: &std::path::Path| Connection::open(p).expect("open");
+        let (a, b) = (open(&file), open(&other));
+        std::os::unix::fs::symlink(&file, &link).expect("symlink");
+        let via_link = open(&link);
+        let gate = of(&a);
+        assert!(Arc::ptr_eq(&gate, &of(&a)), "the same name, looked up again");
+        assert!(
+            Arc::ptr_eq(&gate, &of(&via_link)),
+            "another name of the same file"
+        );
+        assert!(!Arc::ptr_eq(&gate, &of(&b)), "another file");
+        // A gate nobody holds is made anew, and the name then finds the new one.
+        drop(gate);
+        let fresh = of(&a);
+        assert!(Arc::ptr_eq(&fresh, &of(&via_link)));
     }
 }
