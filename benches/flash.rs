@@ -297,6 +297,10 @@ fn main() -> BoxResult<()> {
             o.syncs().saturating_sub(fixed.syncs()) as f64 / o.msgs as f64
         );
         lines.push(format!("bench: {line} {per:.0}"));
+        if line == "flash_bytes_per_reading_10hz" {
+            let verdict = if per <= 2_000.0 { "met" } else { "MISSED" };
+            println!("   target for LatestValues at its default interval: <= 2,000 B/reading: {verdict}");
+        }
     }
     drop(broker);
     println!();

@@ -15,7 +15,8 @@
 //!   subscriber holds every message and the last PUBACK came. Between the two, the drain an
 //!   application would write by hand with the bare libraries (`common/hand_relay.rs`: rows of
 //!   ready-to-send bytes read in order with rusqlite, published by raw rumqttc with the same
-//!   window, deleted once acknowledged, a window of deletes per transaction), at FULL and at
+//!   window, deleted once acknowledged by a thread that deletes what has queued up in one
+//!   transaction), at FULL and at
 //!   NORMAL: the floor for a drain that reads and deletes its rows durably, where raw rumqttc
 //!   from memory is the floor for the MQTT part alone. Each round fills four stores first, then
 //!   runs raw, the hand-written drain at FULL and NORMAL, relay on a store opened with
@@ -371,8 +372,13 @@ fn drain_section(
         Backlog::fill(dir, warm, Synchronous::Full)?,
         window,
     )?;
-    hand_relay::HandBacklog::fill(dir, &msgs[..warm as usize], "FULL")?
-        .drain(port, arrivals, window, STALL)?;
+    hand_relay::HandBacklog::fill(dir, &msgs[..warm as usize], "FULL")?.drain(
+        port,
+        arrivals,
+        window,
+        STALL,
+        || 0.0,
+    )?;
 
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
     let per_msg = |secs: f64| secs * 1e6 / n as f64;
@@ -387,13 +393,13 @@ fn drain_section(
         for k in 0..5 {
             let variant = (round + k) % 5;
             let hand = |b: Option<hand_relay::HandBacklog>| -> BoxResult<DrainRun> {
-                let broker0 = broker.map_or(0.0, threads::process_cpu_secs);
-                let run = b.ok_or("backlog")?.drain(port, arrivals, window, STALL)?;
-                let broker = broker.map_or(0.0, threads::process_cpu_secs) - broker0;
+                let run = b.ok_or("backlog")?.drain(port, arrivals, window, STALL, || {
+                    broker.map_or(0.0, threads::process_cpu_secs)
+                })?;
                 Ok(DrainRun {
                     took: run.took,
                     cpu: run.cpu,
-                    broker,
+                    broker: run.broker,
                 })
             };
             runs[variant] = Some(match variant {
@@ -883,21 +889,27 @@ fn main() -> BoxResult<()> {
         println!();
         for (v, name) in SHORT.iter().enumerate() {
             let s = &d.series[v];
+            // The hand-written drain's lines start with `hand_`, the relay's and raw's with
+            // `relay_` (their names before the hand-written drain came).
+            let (who, name) = match name.strip_prefix("hand_") {
+                Some(sync) => ("hand", sync),
+                None => ("relay", *name),
+            };
             bench.push((
-                format!("relay_drain_{name}_msg_per_s"),
+                format!("{who}_drain_{name}_msg_per_s"),
                 format!("{:.0}", median(&s.rate)),
             ));
             bench.push((
-                format!("relay_drain_{name}_cpu_us_per_msg"),
+                format!("{who}_drain_{name}_cpu_us_per_msg"),
                 format!("{:.2}", median(&s.own_us)),
             ));
             if v > 0 {
                 bench.push((
-                    format!("relay_drain_{name}_over_raw"),
+                    format!("{who}_drain_{name}_over_raw"),
                     format!("{:.3}", median(&s.ratio)),
                 ));
                 bench.push((
-                    format!("relay_cpu_over_raw_{name}"),
+                    format!("{who}_cpu_over_raw_{name}"),
                     format!("{:.3}", median(&s.cpu_ratio)),
                 ));
             }
