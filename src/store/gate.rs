@@ -170,6 +170,7 @@ mod tests {
         let via_link = open(&link);
         let gate = of(&a);
         assert!(Arc::ptr_eq(&gate, &of(&a)), "the same name, looked up again");
+        // SQLite may resolve the link itself (its Unix builds do): one gate either way.
         assert!(
             Arc::ptr_eq(&gate, &of(&via_link)),
             "another name of the same file"
