@@ -12,7 +12,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
-/// After a change, how often the waiting thread checks whether a commit became visible...
+/// After a change, how often the waiting thread checks whether a commit became visible: often
+/// at first, since most commits sync within a few milliseconds of writing their frames...
+const RECHECK_SOON: Duration = Duration::from_millis(1);
+/// ...for this long after the change...
+const SOON_FOR: Duration = Duration::from_millis(10);
+/// ...then less often (each check is one query)...
 const RECHECK_EVERY: Duration = Duration::from_millis(5);
 /// ...and for how long at most (a commit's fsync on slow flash can take this long).
 const RECHECK_FOR: Duration = Duration::from_secs(1);
@@ -22,45 +27,43 @@ const RECHECK_FOR: Duration = Duration::from_secs(1);
 /// A commit writes its WAL frames (which is what wakes the watch) before it syncs them and
 /// publishes them in the shared-memory index (which wakes nobody): a reader woken by the write
 /// may find nothing new yet. So after a change the waiting thread checks `PRAGMA data_version`
-/// every few milliseconds until it moves, for a second at most, then goes back to sleep.
+/// every millisecond at first, then every few, until it moves, for a second at most, then goes
+/// back to sleep.
 #[derive(Debug, Default)]
 pub(crate) struct Unsettled {
-    until: Option<Instant>,
+    /// When the last change was seen, while it settles.
+    since: Option<Instant>,
 }
 
 impl Unsettled {
     /// The file changed.
     pub(crate) fn on_change(&mut self) {
-        self.until = Some(Instant::now() + RECHECK_FOR);
+        self.since = Some(Instant::now());
     }
 
     /// The change became visible (or no longer matters).
     pub(crate) fn settle(&mut self) {
-        self.until = None;
-    }
-
-    /// Whether to check again soon.
-    fn is_active(&mut self) -> bool {
-        if self.until.is_some_and(|t| Instant::now() >= t) {
-            self.until = None;
-        }
-        self.until.is_some()
+        self.since = None;
     }
 
     /// If a change is still settling, how soon to check again. Decided in one call: asking
     /// whether a change is settling and then how long to wait could see the window close between
     /// the two, and sleep the long wait where a recheck was meant.
     pub(crate) fn recheck(&mut self) -> Option<Duration> {
-        self.is_active().then_some(RECHECK_EVERY)
+        let age = self.since?.elapsed();
+        if age >= RECHECK_FOR {
+            self.since = None;
+            None
+        } else if age < SOON_FOR {
+            Some(RECHECK_SOON)
+        } else {
+            Some(RECHECK_EVERY)
+        }
     }
 
     /// How long to wait before checking, at most `otherwise`.
     pub(crate) fn wait(&mut self, otherwise: Duration) -> Duration {
-        if self.is_active() {
-            otherwise.min(RECHECK_EVERY)
-        } else {
-            otherwise
-        }
+        self.recheck().map_or(otherwise, |soon| otherwise.min(soon))
     }
 }
 
@@ -198,7 +201,18 @@ mod tests {
         let mut unsettled = Unsettled::default();
         assert_eq!(unsettled.recheck(), None);
         unsettled.on_change();
+        assert_eq!(unsettled.recheck(), Some(RECHECK_SOON));
+        assert_eq!(unsettled.wait(Duration::from_secs(10)), RECHECK_SOON);
+        unsettled.since = Some(Instant::now() - SOON_FOR);
         assert_eq!(unsettled.recheck(), Some(RECHECK_EVERY));
+        unsettled.since = Some(Instant::now() - RECHECK_FOR);
+        assert_eq!(
+            unsettled.recheck(),
+            None,
+            "a change that never settles is given up on"
+        );
+        assert_eq!(unsettled.recheck(), None);
+        unsettled.on_change();
         unsettled.settle();
         assert_eq!(unsettled.recheck(), None);
         assert_eq!(unsettled.wait(Duration::from_secs(10)), Duration::from_secs(10));
