@@ -32,6 +32,16 @@ pub fn install() -> Result<(), String> {
         .map_err(|e| format!("burst probe: {e}"))
 }
 
+/// How many commands the bursts stored since the last [`take`] held.
+pub fn stored() -> u64 {
+    BURSTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|b| b.1)
+        .sum()
+}
+
 /// The bursts stored since the last call, in order: when each was reported, and its size.
 pub fn take() -> Vec<(Instant, u64)> {
     std::mem::take(&mut *BURSTS.lock().unwrap_or_else(|e| e.into_inner()))
@@ -39,8 +49,13 @@ pub fn take() -> Vec<(Instant, u64)> {
 
 struct Probe;
 
+/// Decided once per callsite: only debug events of the intake that carry a `commands` field (not
+/// the one per command stored, which would cost the intake a dispatch each).
 fn ours(m: &Metadata<'_>) -> bool {
-    m.target() == TARGET && *m.level() == Level::DEBUG && m.is_event()
+    m.target() == TARGET
+        && *m.level() == Level::DEBUG
+        && m.is_event()
+        && m.fields().field("commands").is_some()
 }
 
 impl<S: Subscriber> Layer<S> for Probe {

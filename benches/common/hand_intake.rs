@@ -1,10 +1,12 @@
 //! The floor for the application's latency during a command flood: the same two writers written
 //! by hand with bare rusqlite, on a file of their own. One thread commits bursts of bare inbox
-//! rows (FULL, one transaction per burst, at the pace the crate's intake kept in the same round);
-//! the application thread commits a business row and a bare outbox row every `app_pace`. They
-//! share one writer lock, and the intake lets a waiting application go first (a plain mutex would
-//! let the intake take it again before the woken application runs, which no careful user would
-//! ship). Nothing else: no envelope, no counters, no indexes beyond the primary keys.
+//! rows (FULL, one transaction per burst), each of the size and at the moment the crate's intake
+//! stored one in the same round; the application thread commits a business row and a bare outbox
+//! row every `app_pace`. They share one writer lock, and the intake lets a waiting application go
+//! first (a plain mutex would let the intake take it again before the woken application runs,
+//! which no careful user would ship). Nothing else: no envelope, no counters, no indexes beyond
+//! the primary keys, and no third writer (in the crate the relay also publishes the
+//! application's messages and marks them sent, in its idle phase and its flood alike).
 //!
 //! Whatever the design, one file has one writer at a time: an application transaction that
 //! arrives while a burst commits waits for that commit, sync included. This measures what that
@@ -22,21 +24,22 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, params};
 
+use crate::common::{Sample, latencies_within};
+
 type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// The application's transaction latencies (seconds), alone and beside the hand-written intake.
+/// The application's transaction latencies (seconds), alone and beside the hand-written intake
+/// (those that started between its first burst and its last).
 pub struct HandFlood {
     pub idle: Vec<f64>,
     pub flood: Vec<f64>,
 }
 
-/// How the hand-written intake runs: `bursts` transactions of `burst` rows of `payload` bytes,
-/// one every `every` (back to back when a commit takes longer).
+/// How the hand-written intake runs: one transaction per entry of `bursts`, that long after the
+/// first (or as soon as the one before is done), of that many rows of `payload` bytes.
 pub struct Intake {
-    pub bursts: usize,
-    pub burst: usize,
+    pub bursts: Vec<(Duration, usize)>,
     pub payload: usize,
-    pub every: Duration,
 }
 
 fn open(path: &Path) -> BoxResult<Connection> {
@@ -66,27 +69,37 @@ pub fn measure(
     let app_waits = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
 
-    let idle = app(path, &lock, &app_waits, app_pace, Some(idle_samples), &stop)?;
+    let idle = latencies_within(
+        &app(path, &lock, &app_waits, app_pace, Some(idle_samples), &stop)?,
+        None,
+    );
 
     let app_thread = {
         let (path, lock, app_waits, stop) =
             (path.to_path_buf(), lock.clone(), app_waits.clone(), stop.clone());
         thread::spawn(move || app(&path, &lock, &app_waits, app_pace, None, &stop).map_err(|e| e.to_string()))
     };
-    let intake_result = run_intake(path, intake, &lock, &app_waits);
+    let span = run_intake(path, intake, &lock, &app_waits);
     stop.store(true, Ordering::SeqCst);
     let flood = app_thread.join().map_err(|_| "hand app thread panicked")??;
-    intake_result?;
+    let flood = latencies_within(&flood, Some(span?));
     Ok(HandFlood { idle, flood })
 }
 
-fn run_intake(path: &Path, intake: &Intake, lock: &Mutex<()>, app_waits: &AtomicBool) -> BoxResult<()> {
+/// Commits the bursts; returns when the first and the last were committed.
+fn run_intake(
+    path: &Path,
+    intake: &Intake,
+    lock: &Mutex<()>,
+    app_waits: &AtomicBool,
+) -> BoxResult<(Instant, Instant)> {
     let mut conn = open(path)?;
     let payload = vec![0x5a_u8; intake.payload];
     let started = Instant::now();
     let mut id = 0u128;
-    for b in 0..intake.bursts {
-        let due = started + intake.every * b as u32;
+    let mut span = (started, started);
+    for (b, &(offset, rows)) in intake.bursts.iter().enumerate() {
+        let due = started + offset;
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             thread::sleep(wait);
         }
@@ -98,7 +111,7 @@ fn run_intake(path: &Path, intake: &Intake, lock: &Mutex<()>, app_waits: &Atomic
         {
             let mut insert =
                 tx.prepare_cached("INSERT INTO inbox (id, topic, payload) VALUES (?1, ?2, ?3)")?;
-            for _ in 0..intake.burst {
+            for _ in 0..rows {
                 id += 1;
                 insert.execute(params![
                     id.to_be_bytes().as_slice(),
@@ -108,8 +121,13 @@ fn run_intake(path: &Path, intake: &Intake, lock: &Mutex<()>, app_waits: &Atomic
             }
         }
         tx.commit()?;
+        let now = Instant::now();
+        if b == 0 {
+            span.0 = now;
+        }
+        span.1 = now;
     }
-    Ok(())
+    Ok(span)
 }
 
 /// Commits a reading and its message every `pace`, `count` times or until `stop`.
@@ -120,7 +138,7 @@ fn app(
     pace: Duration,
     count: Option<usize>,
     stop: &AtomicBool,
-) -> BoxResult<Vec<f64>> {
+) -> BoxResult<Vec<Sample>> {
     let mut conn = open(path)?;
     let mut latencies = Vec::new();
     let mut next = Instant::now();
@@ -140,7 +158,10 @@ fn app(
         )?;
         tx.commit()?;
         drop(writer);
-        latencies.push(started.elapsed().as_secs_f64());
+        latencies.push(Sample {
+            at: started,
+            secs: started.elapsed().as_secs_f64(),
+        });
         next += pace;
         if let Some(wait) = next.checked_duration_since(Instant::now()) {
             thread::sleep(wait);

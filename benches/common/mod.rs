@@ -65,3 +65,22 @@ pub fn env_num(name: &str, default: f64) -> Result<f64, String> {
         Err(_) => Ok(default),
     }
 }
+
+/// One timed operation: when it started, and how long it took in seconds.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    pub at: std::time::Instant,
+    pub secs: f64,
+}
+
+/// The durations of `samples` that started within `[from, to]` (all of them without bounds).
+pub fn latencies_within(
+    samples: &[Sample],
+    bounds: Option<(std::time::Instant, std::time::Instant)>,
+) -> Vec<f64> {
+    samples
+        .iter()
+        .filter(|s| bounds.is_none_or(|(from, to)| s.at >= from && s.at <= to))
+        .map(|s| s.secs)
+        .collect()
+}

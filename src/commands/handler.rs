@@ -110,6 +110,10 @@ pub(crate) fn run_handler(
                 }
                 continue;
             }
+            if version.is_some() && now != version {
+                // The commit became visible: the next change starts a new fast recheck.
+                unsettled.settle();
+            }
             version = now;
         }
         let step = ready(&mut conn, &outbox, &status).and_then(|conn| {

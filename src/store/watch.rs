@@ -15,20 +15,24 @@ use crossbeam_channel::Sender;
 /// After a change, how often the waiting thread checks whether a commit became visible: often
 /// at first, since most commits sync within a few milliseconds of writing their frames...
 const RECHECK_SOON: Duration = Duration::from_millis(1);
-/// ...for this long after the change...
+/// ...for this long after the last change...
 const SOON_FOR: Duration = Duration::from_millis(10);
 /// ...then less often (each check is one query)...
 const RECHECK_EVERY: Duration = Duration::from_millis(5);
-/// ...and for how long at most (a commit's fsync on slow flash can take this long).
+/// ...until this long after the last change (a commit's fsync on slow flash can take this long).
 const RECHECK_FOR: Duration = Duration::from_secs(1);
 
-/// A change seen in the file, not yet seen as a commit.
+/// Changes seen in the file, not yet seen as a commit.
 ///
 /// A commit writes its WAL frames (which is what wakes the watch) before it syncs them and
 /// publishes them in the shared-memory index (which wakes nobody): a reader woken by the write
 /// may find nothing new yet. So after a change the waiting thread checks `PRAGMA data_version`
-/// every millisecond at first, then every few, until it moves, for a second at most, then goes
-/// back to sleep.
+/// every millisecond at first, then every few, until it moves, for a second at most after the
+/// last change, then goes back to sleep. Both phases are timed from the last change: writes that
+/// keep coming (a busy writer, the relay's own marks during a drain) keep the checks at one a
+/// millisecond, one query each, which costs little beside the writes themselves; timing the fast
+/// phase from the first change instead left a foreign commit that followed the relay's own
+/// writes (which never settle: they move no version the relay can see) waiting 5 ms.
 #[derive(Debug, Default)]
 pub(crate) struct Unsettled {
     /// When the last change was seen, while it settles.
@@ -38,7 +42,11 @@ pub(crate) struct Unsettled {
 impl Unsettled {
     /// The file changed.
     pub(crate) fn on_change(&mut self) {
-        self.since = Some(Instant::now());
+        self.on_change_at(Instant::now());
+    }
+
+    fn on_change_at(&mut self, now: Instant) {
+        self.since = Some(now);
     }
 
     /// The change became visible (or no longer matters).
@@ -50,7 +58,11 @@ impl Unsettled {
     /// whether a change is settling and then how long to wait could see the window close between
     /// the two, and sleep the long wait where a recheck was meant.
     pub(crate) fn recheck(&mut self) -> Option<Duration> {
-        let age = self.since?.elapsed();
+        self.recheck_at(Instant::now())
+    }
+
+    fn recheck_at(&mut self, now: Instant) -> Option<Duration> {
+        let age = now.saturating_duration_since(self.since?);
         if age >= RECHECK_FOR {
             self.since = None;
             None
@@ -197,24 +209,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_settling_change_is_rechecked_soon_and_a_settled_one_not_at_all() {
+    fn a_settling_change_is_rechecked_soon_then_less_often_and_a_settled_one_not_at_all() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
         let mut unsettled = Unsettled::default();
-        assert_eq!(unsettled.recheck(), None);
-        unsettled.on_change();
-        assert_eq!(unsettled.recheck(), Some(RECHECK_SOON));
-        assert_eq!(unsettled.wait(Duration::from_secs(10)), RECHECK_SOON);
-        unsettled.since = Some(Instant::now() - SOON_FOR);
-        assert_eq!(unsettled.recheck(), Some(RECHECK_EVERY));
-        unsettled.since = Some(Instant::now() - RECHECK_FOR);
+        assert_eq!(unsettled.recheck_at(t0), None);
+        unsettled.on_change_at(t0);
+        assert_eq!(unsettled.recheck_at(t0), Some(RECHECK_SOON));
+        assert_eq!(unsettled.recheck_at(t0 + SOON_FOR - ms(1)), Some(RECHECK_SOON));
+        assert_eq!(unsettled.recheck_at(t0 + SOON_FOR), Some(RECHECK_EVERY));
+        // A later change starts both phases again.
+        unsettled.on_change_at(t0 + ms(900));
+        assert_eq!(unsettled.recheck_at(t0 + ms(901)), Some(RECHECK_SOON));
+        assert_eq!(unsettled.recheck_at(t0 + ms(900) + SOON_FOR), Some(RECHECK_EVERY));
         assert_eq!(
-            unsettled.recheck(),
+            unsettled.recheck_at(t0 + ms(900) + RECHECK_FOR - ms(1)),
+            Some(RECHECK_EVERY),
+            "the window runs from the last change"
+        );
+        assert_eq!(
+            unsettled.recheck_at(t0 + ms(900) + RECHECK_FOR),
             None,
             "a change that never settles is given up on"
         );
-        assert_eq!(unsettled.recheck(), None);
-        unsettled.on_change();
+        assert_eq!(unsettled.recheck_at(t0 + ms(900) + RECHECK_FOR), None);
+        // A new change after giving up, or after settling, starts a new fast phase.
+        unsettled.on_change_at(t0 + ms(3000));
+        assert_eq!(unsettled.recheck_at(t0 + ms(3001)), Some(RECHECK_SOON));
         unsettled.settle();
-        assert_eq!(unsettled.recheck(), None);
+        assert_eq!(unsettled.recheck_at(t0 + ms(3002)), None);
         assert_eq!(unsettled.wait(Duration::from_secs(10)), Duration::from_secs(10));
+        unsettled.on_change();
+        assert_eq!(unsettled.wait(Duration::from_secs(10)), RECHECK_SOON);
+        assert_eq!(
+            unsettled.wait(Duration::from_micros(200)),
+            Duration::from_micros(200)
+        );
     }
 }
