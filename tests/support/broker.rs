@@ -37,6 +37,10 @@ use super::mux::ProtocolMux;
 pub const BROKER_ENV: &str = "EDGE_OUTBOX_BROKER";
 /// Overrides the mosquitto executable.
 pub const MOSQUITTO_ENV: &str = "EDGE_OUTBOX_MOSQUITTO";
+/// A file to which each test binary that starts the broker `EDGE_OUTBOX_BROKER` chooses appends
+/// its name. `.ci/run` sets it on the mosquitto pass and runs only those binaries on the rumqttd
+/// pass: the others test the same code whichever broker is chosen.
+pub const BROKER_USERS_ENV: &str = "EDGE_OUTBOX_BROKER_USERS";
 
 /// How long a broker may take to accept TCP connections after it was started.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -182,7 +186,10 @@ impl BrokerBuilder {
     pub fn start(self) -> io::Result<Broker> {
         let kind = match self.kind {
             Some(k) => k,
-            None => BrokerKind::from_env()?,
+            None => {
+                record_broker_user()?;
+                BrokerKind::from_env()?
+            }
         };
         if self.stock && self.tls.is_some() {
             return Err(io::Error::new(
@@ -692,6 +699,19 @@ impl BrokerProcess {
 
 /// A watcher that kills `pid` (SIGKILL) once its stdin reaches end of file: when this process
 /// ends, however it ends, the pipe's write end held here closes.
+/// Appends this test binary's name (`crash` for `target/debug/deps/crash-0123abcd`) to the file
+/// `EDGE_OUTBOX_BROKER_USERS` names, if set.
+fn record_broker_user() -> io::Result<()> {
+    let Some(file) = std::env::var_os(BROKER_USERS_ENV) else {
+        return Ok(());
+    };
+    let exe = std::env::current_exe()?;
+    let stem = exe.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
+    let name = stem.rsplit_once('-').map_or(stem, |(name, _hash)| name);
+    let mut out = fs::OpenOptions::new().create(true).append(true).open(file)?;
+    writeln!(out, "{name}")
+}
+
 fn lifeline(pid: u32) -> io::Result<ChildGuard> {
     let child = Command::new("sh")
         .arg("-c")
