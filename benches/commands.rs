@@ -358,13 +358,8 @@ fn bare(outbox: &Outbox, path: &Path, envelopes: &[(String, Vec<u8>)]) -> Result
 /// Commits a reading and its message every `APP_PACE`, `count` times or until `stop`; returns
 /// each transaction's latency in seconds.
 fn app_load(outbox: &Outbox, count: Option<usize>, stop: Option<&AtomicBool>) -> Result<Vec<common::Sample>> {
-    let mut latencies = Vec::new();
-    let mut next = Instant::now();
-    loop {
-        if count.is_some_and(|n| latencies.len() >= n) || stop.is_some_and(|s| s.load(Ordering::SeqCst)) {
-            return Ok(latencies);
-        }
-        let started = Instant::now();
+    let stopped = || stop.is_some_and(|s| s.load(Ordering::SeqCst));
+    common::paced(APP_PACE, count, stopped, || {
         let committed = outbox.transaction(|tx| {
             tx.execute("INSERT INTO readings (celsius) VALUES (21.5)", [])?;
             tx.publish("bench/device/readings", "probe-1", &21.5)?;
@@ -373,22 +368,10 @@ fn app_load(outbox: &Outbox, count: Option<usize>, stop: Option<&AtomicBool>) ->
         match committed {
             // The bare phase's connection is a foreign writer that never lets go for long:
             // the application may time out then, and tries again.
-            Err(edge_outbox::Error::Busy) => {}
-            other => {
-                other?;
-            }
+            Err(edge_outbox::Error::Busy) => Ok(()),
+            other => other.map(drop).map_err(Into::into),
         }
-        latencies.push(common::Sample {
-            at: started,
-            secs: started.elapsed().as_secs_f64(),
-        });
-        next += APP_PACE;
-        if let Some(wait) = next.checked_duration_since(Instant::now()) {
-            thread::sleep(wait);
-        } else {
-            next = Instant::now();
-        }
-    }
+    })
 }
 
 /// Diagnosis: Outbox::receive in a loop against the bare insert, no MQTT, no app.

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, params};
 
-use crate::common::{Sample, latencies_within};
+use crate::common::{Sample, latencies_within, paced};
 
 type BoxResult<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -140,33 +140,23 @@ fn app(
     stop: &AtomicBool,
 ) -> BoxResult<Vec<Sample>> {
     let mut conn = open(path)?;
-    let mut latencies = Vec::new();
-    let mut next = Instant::now();
-    loop {
-        if count.is_some_and(|n| latencies.len() >= n) || stop.load(Ordering::SeqCst) {
-            return Ok(latencies);
-        }
-        let started = Instant::now();
-        app_waits.store(true, Ordering::SeqCst);
-        let writer = lock.lock().unwrap_or_else(PoisonError::into_inner);
-        app_waits.store(false, Ordering::SeqCst);
-        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        tx.execute("INSERT INTO readings (celsius) VALUES (21.5)", [])?;
-        tx.execute(
-            "INSERT INTO outbox (topic, payload) VALUES ('bench/device/readings', ?1)",
-            [&[0xf9_u8, 0x4d, 0x60][..]],
-        )?;
-        tx.commit()?;
-        drop(writer);
-        latencies.push(Sample {
-            at: started,
-            secs: started.elapsed().as_secs_f64(),
-        });
-        next += pace;
-        if let Some(wait) = next.checked_duration_since(Instant::now()) {
-            thread::sleep(wait);
-        } else {
-            next = Instant::now();
-        }
-    }
+    paced(
+        pace,
+        count,
+        || stop.load(Ordering::SeqCst),
+        || {
+            app_waits.store(true, Ordering::SeqCst);
+            let writer = lock.lock().unwrap_or_else(PoisonError::into_inner);
+            app_waits.store(false, Ordering::SeqCst);
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            tx.execute("INSERT INTO readings (celsius) VALUES (21.5)", [])?;
+            tx.execute(
+                "INSERT INTO outbox (topic, payload) VALUES ('bench/device/readings', ?1)",
+                [&[0xf9_u8, 0x4d, 0x60][..]],
+            )?;
+            tx.commit()?;
+            drop(writer);
+            Ok(())
+        },
+    )
 }

@@ -84,3 +84,30 @@ pub fn latencies_within(
         .map(|s| s.secs)
         .collect()
 }
+
+/// Runs `op` once per `pace` (at once when it fell behind) and times each run, until `count`
+/// runs or until `stop` says so.
+pub fn paced<E>(
+    pace: std::time::Duration,
+    count: Option<usize>,
+    stop: impl Fn() -> bool,
+    mut op: impl FnMut() -> Result<(), E>,
+) -> Result<Vec<Sample>, E> {
+    use std::time::Instant;
+    let mut samples = Vec::new();
+    let mut next = Instant::now();
+    while count.is_none_or(|n| samples.len() < n) && !stop() {
+        let started = Instant::now();
+        op()?;
+        samples.push(Sample {
+            at: started,
+            secs: started.elapsed().as_secs_f64(),
+        });
+        next += pace;
+        match next.checked_duration_since(Instant::now()) {
+            Some(wait) => std::thread::sleep(wait),
+            None => next = Instant::now(),
+        }
+    }
+    Ok(samples)
+}
