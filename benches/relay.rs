@@ -43,6 +43,7 @@
 //!   maximum lowers it);
 //! - `EDGE_OUTBOX_BENCH_MQTT`: `5` (default) or `3.1.1`, for the relay and raw rumqttc alike;
 //! - `EDGE_OUTBOX_BENCH_SECTIONS`: comma-separated subset of `drain,latency,memory` (default all);
+//! - `EDGE_OUTBOX_BENCH_THREADS`: set, each relay drain prints its threads' CPU one by one;
 //! - `EDGE_OUTBOX_BENCH_DIR`: where the databases go (default the cargo target tmp dir; a real
 //!   disk, not tmpfs).
 //!
@@ -74,6 +75,8 @@ use mqtt::{Arrivals, BoxResult, RawEvent};
 use serde::Serialize;
 
 const CHILD_ENV: &str = "EDGE_OUTBOX_BENCH_CHILD";
+/// Set: each drain prints the CPU time of each relay thread.
+const THREADS_ENV: &str = "EDGE_OUTBOX_BENCH_THREADS";
 const RELAY_ID: &str = "bench-relay";
 /// Give up on a run that makes no progress for this long.
 const STALL: Duration = Duration::from_secs(60);
@@ -296,6 +299,14 @@ fn drain_relay(
     let took = start.elapsed();
     let cpu = threads::usage(threads::RELAY).since(cpu0).cpu_secs;
     let broker = broker.map_or(0.0, threads::process_cpu_secs) - broker0;
+    if std::env::var_os(THREADS_ENV).is_some() {
+        // The relay's threads start with it, so their whole CPU time is this drain's.
+        let each: Vec<String> = threads::usage_by_name(threads::RELAY)
+            .iter()
+            .map(|(name, u)| format!("{name} {:.2}", u.cpu_secs * 1e6 / n as f64))
+            .collect();
+        println!("  relay threads, CPU us per message: {}", each.join(", "));
+    }
     let st = relay.status()?;
     if st.published != n || st.connections != 1 {
         println!(

@@ -76,8 +76,10 @@ pub(crate) fn reloaded(conn: &Connection, current: &Registry) -> Option<Registry
     if crate::mutant::active("schemas-read-once") {
         return None;
     }
+    // Cached: the relay asks before every read.
     let rows: i64 = conn
-        .query_row("SELECT count(*) FROM edge_outbox_schemas", [], |r| r.get(0))
+        .prepare_cached("SELECT count(*) FROM edge_outbox_schemas")
+        .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)))
         .ok()?;
     if usize::try_from(rows).ok() == Some(current.schemas.len()) {
         return None;

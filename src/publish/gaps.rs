@@ -120,13 +120,13 @@ pub(crate) fn read_after(
             }
         }
     }
+    // The limit is written in, not bound: a bound LIMIT makes SQLite prepare the statement anew
+    // at every step (see `super::rows::lane_query`).
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM outbox_gaps WHERE gap_id > ?1 ORDER BY gap_id LIMIT ?2"
+        "SELECT {COLUMNS} FROM outbox_gaps WHERE gap_id > ?1 ORDER BY gap_id LIMIT {}",
+        q.limit
     ))?;
-    let mut rows = stmt.query(rusqlite::params![
-        q.cursor,
-        i64::try_from(q.limit).unwrap_or(i64::MAX)
-    ])?;
+    let mut rows = stmt.query([q.cursor])?;
     while let Some(row) = rows.next()? {
         take(row, &mut read, true)?;
     }

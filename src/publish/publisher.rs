@@ -262,6 +262,8 @@ impl Publisher {
     /// Reads what the core asks for, and syncs the WAL once for it where its commits may not be
     /// on stable storage yet.
     fn read(&mut self, d: &mut Driver, req: &ReadRequest) -> Result<ReadResult> {
+        // The schemas' check and the read see one snapshot.
+        let snapshot = reader::Snapshot::begin(&self.conn)?;
         #[cfg(feature = "schemas")]
         if let Some(registry) = crate::payload_schema::reloaded(&self.conn, &self.options.limits.schemas) {
             self.options.limits.schemas = Arc::new(registry);
@@ -278,6 +280,7 @@ impl Publisher {
             schemas: Some(&self.options.limits.schemas),
         };
         let read = reader::read(&self.conn, &ctx, req)?;
+        drop(snapshot);
         if let Some(last) = read.last_seq()
             && last > d.durable_through
         {

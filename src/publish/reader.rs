@@ -42,6 +42,7 @@ pub(crate) fn read(conn: &Connection, ctx: &Context<'_>, req: &ReadRequest) -> R
         #[cfg(feature = "schemas")]
         schemas: ctx.schemas,
     };
+    let _snapshot = Snapshot::begin(conn)?;
     let mut out = ReadResult::default();
     let query = gaps::GapQuery {
         cursor: req.gap_cursor,
@@ -72,6 +73,39 @@ pub(crate) fn read(conn: &Connection, ctx: &Context<'_>, req: &ReadRequest) -> R
         out.lanes[lane] = Some(got);
     }
     Ok(out)
+}
+
+/// One read transaction around a request's statements. Each statement on its own would begin
+/// one, and with the marker committing on another connection each would find the WAL moved and
+/// load its pages again; one snapshot for the whole read also gives the gaps and every lane the
+/// same view of the file.
+pub(crate) struct Snapshot<'c> {
+    /// `None` when a transaction was already open on the connection: it is the caller's.
+    conn: Option<&'c Connection>,
+}
+
+impl<'c> Snapshot<'c> {
+    /// Begins one, unless the connection is already in a transaction.
+    pub(crate) fn begin(conn: &'c Connection) -> Result<Self> {
+        if !conn.is_autocommit() {
+            return Ok(Snapshot { conn: None });
+        }
+        conn.prepare_cached("BEGIN DEFERRED")?.execute([])?;
+        Ok(Snapshot { conn: Some(conn) })
+    }
+}
+
+impl Drop for Snapshot<'_> {
+    fn drop(&mut self) {
+        // Ending a read transaction writes nothing. Should it fail anyway, a rollback ends it: a
+        // read left open would see the file as it was, and never a new row.
+        if let Some(conn) = self.conn
+            && let Err(e) = conn.prepare_cached("COMMIT").and_then(|mut s| s.execute([]))
+        {
+            tracing::warn!(error = %e, "could not end the outbox read; rolling it back");
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+    }
 }
 
 impl ReadResult {
