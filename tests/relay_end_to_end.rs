@@ -54,6 +54,45 @@ fn an_idle_relay_publishes_a_new_commit_without_waiting_for_a_poll() {
     relay.shutdown().expect("shutdown");
 }
 
+/// The relay drops the wake-ups of commits that brought nothing to read (its own marks); a
+/// commit by another process, after the relay went idle, still reaches it through the watch.
+#[test]
+fn an_idle_relay_publishes_a_row_another_connection_commits() {
+    let broker = Broker::start().expect("broker");
+    let sub = Subscriber::start(broker.addr(), "orders/#").expect("subscriber");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let outbox = open_device(dir.path());
+    // A poll interval far longer than the wait below: only the watch can deliver.
+    let config = relay_config(broker.addr(), "idle").poll_interval(std::time::Duration::from_secs(60));
+    let relay = edge_outbox::Relay::start(&outbox, config).expect("relay");
+    // Published, acknowledged and marked: the relay has read to the end and waits.
+    commit_orders(&outbox, &["k"], 1, 0);
+    assert!(sub.wait_for(1, WAIT), "the first row not delivered");
+    assert!(wait_drained(&outbox, WAIT), "the first row not marked");
+    let conn = rusqlite::Connection::open(outbox.path()).expect("foreign connection");
+    conn.execute(
+        "INSERT INTO outbox (topic, key, payload) VALUES ('orders/foreign', 'k', ?1)",
+        [edge_outbox::envelope::to_cbor(&"from elsewhere").expect("cbor")],
+    )
+    .expect("insert");
+    assert!(
+        sub.wait_for(2, std::time::Duration::from_secs(10)),
+        "a row another connection committed was never published"
+    );
+    relay.shutdown().expect("shutdown");
+}
+
+/// The scenario above fails against the mutant that breaks it.
+#[test]
+#[cfg(feature = "mutants")]
+fn the_idle_scenario_catches_its_mutant() -> Result<(), Box<dyn std::error::Error>> {
+    support::mutant::caught_by(
+        "foreign-rows-unseen",
+        "an_idle_relay_publishes_a_row_another_connection_commits",
+        "never published",
+    )
+}
+
 #[test]
 fn rows_written_by_another_connection_are_noticed_by_polling() {
     let broker = Broker::start().expect("broker");

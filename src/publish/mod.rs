@@ -11,6 +11,7 @@ mod durability;
 mod gaps;
 mod lanes;
 mod marker;
+mod new_rows;
 pub(crate) mod pacing;
 mod publisher;
 mod reader;

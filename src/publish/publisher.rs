@@ -17,6 +17,7 @@ use rusqlite::Connection;
 use super::core::{Action, Core, Outgoing, ReadRequest, ReadResult, Removal, Report};
 use super::durability::Barrier;
 use super::marker::Marks;
+use super::new_rows::NewRows;
 use super::reader::{self, Context};
 use super::rows;
 use crate::error::Result;
@@ -63,6 +64,8 @@ struct Driver {
     data_version: i64,
     /// The file changed and the commit may not be visible yet: check `data_version` soon.
     unsettled: Unsettled,
+    /// Whether another connection's commit brought anything to read.
+    new_rows: NewRows,
     stopping: Option<Instant>,
     next_prune: Instant,
     next_check: Instant,
@@ -91,6 +94,7 @@ impl Publisher {
             read_error: false,
             data_version: data_version(&self.conn)?,
             unsettled: Unsettled::default(),
+            new_rows: NewRows::default(),
             stopping: None,
             next_prune: now + self.config.prune_interval,
             next_check: now + self.config.integrity_interval,
@@ -143,7 +147,9 @@ impl Publisher {
                 recv(self.wake) -> _ => d.core.on_change(),
                 recv(changes) -> change => match change {
                     Ok(()) => {
-                        d.core.on_change();
+                        if d.new_rows.appeared(&self.conn) {
+                            d.core.on_change();
+                        }
                         d.unsettled.on_change();
                     }
                     // The watch ended: poll as if there had never been one.
@@ -467,10 +473,15 @@ impl Publisher {
     fn on_idle(&mut self, d: &mut Driver) {
         d.core.on_idle();
         match data_version(&self.conn) {
+            // Another connection committed. The relay's own marker is one: only a commit that
+            // brought a row or a gap row is news, and only it settles the watch's rechecks (the
+            // commit that woke the watch may still be on its way).
             Ok(v) if v != d.data_version => {
                 d.data_version = v;
-                d.core.on_change();
-                d.unsettled.settle();
+                if d.new_rows.appeared(&self.conn) {
+                    d.core.on_change();
+                    d.unsettled.settle();
+                }
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "could not poll the database for changes"),

@@ -201,7 +201,10 @@ mod linux {
 /// The database's change counter as this connection sees it: it moves when another connection
 /// commits, which is how rows written by other processes are noticed without scanning.
 pub(crate) fn data_version(conn: &rusqlite::Connection) -> crate::error::Result<i64> {
-    Ok(conn.query_row("PRAGMA data_version", [], |r| r.get(0))?)
+    // Cached: a waiting thread asks up to every millisecond after a change.
+    Ok(conn
+        .prepare_cached("PRAGMA data_version")?
+        .query_row([], |r| r.get(0))?)
 }
 
 #[cfg(test)]
