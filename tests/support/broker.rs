@@ -709,7 +709,8 @@ fn record_broker_user() -> io::Result<()> {
     let stem = exe.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
     let name = stem.rsplit_once('-').map_or(stem, |(name, _hash)| name);
     let mut out = fs::OpenOptions::new().create(true).append(true).open(file)?;
-    writeln!(out, "{name}")
+    // One write: appends of one write each do not interleave between the tests running at once.
+    out.write_all(format!("{name}\n").as_bytes())
 }
 
 fn lifeline(pid: u32) -> io::Result<ChildGuard> {
