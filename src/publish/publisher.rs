@@ -473,15 +473,14 @@ impl Publisher {
     fn on_idle(&mut self, d: &mut Driver) {
         d.core.on_idle();
         match data_version(&self.conn) {
-            // Another connection committed. The relay's own marker is one: only a commit that
-            // brought a row or a gap row is news, and only it settles the watch's rechecks (the
-            // commit that woke the watch may still be on its way).
+            // Another connection committed, which settles the watch's rechecks. The relay's own
+            // marker is one: only a commit that brought a row or a gap row is news.
             Ok(v) if v != d.data_version => {
                 d.data_version = v;
                 if d.new_rows.appeared(&self.conn) {
                     d.core.on_change();
-                    d.unsettled.settle();
                 }
+                d.unsettled.settle();
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "could not poll the database for changes"),

@@ -246,8 +246,14 @@ impl Core {
 
     /// The marker has committed the first `marked` non-empty batches handed to it.
     pub(crate) fn on_marked(&mut self, marked: u64) {
+        let before = self.marking.len();
         while self.marking.front().is_some_and(|(n, _)| *n <= marked) {
             self.marking.pop_front();
+        }
+        // Their numbers no longer settle: a gap row set aside for one of them may be read now
+        // (the marker's commit itself is not news to the publisher).
+        if self.marking.len() < before {
+            self.settled();
         }
     }
 
