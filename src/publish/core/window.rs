@@ -3,11 +3,24 @@
 
 use std::time::Instant;
 
-use super::{Action, Awaiting, Core, GAP_READ_BATCH, Outgoing, Publish, READ_BATCH, ReadRequest};
+use super::{Action, Awaiting, Core, GAP_READ_BATCH, Live, Outgoing, Publish, READ_BATCH, ReadRequest};
+use crate::mqtt::QUEUED_AHEAD;
 use crate::publish::batch::{self, Front, Step};
 use crate::publish::gaps;
 
 impl Core {
+    /// How many publishes may wait in rumqttc beyond the window: none while probing (one at a
+    /// time means one handed over, or a drop could not name its row) or while the pace decides
+    /// when each publish goes.
+    fn queued_ahead(&self, live: &Live) -> usize {
+        let probing = live.window < live.full_window;
+        if (probing && !crate::mutant::active("ahead-while-probing")) || !self.config.pace.is_off() {
+            0
+        } else {
+            QUEUED_AHEAD
+        }
+    }
+
     /// Queues publishes until the window is full, the rows run out, or a read is needed (then it
     /// queues the read and waits for its answer).
     pub(super) fn fill_window(&mut self, now: Instant, now_ms: i64) {
@@ -19,7 +32,7 @@ impl Core {
         }
         loop {
             let Some(live) = &self.live else { return };
-            if self.tracker.in_flight() >= live.window {
+            if self.tracker.in_flight() >= live.window + self.queued_ahead(live) {
                 return;
             }
             if !self.at_end && (self.ready.is_empty() || std::mem::take(&mut self.check_lanes)) {
