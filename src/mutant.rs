@@ -171,6 +171,9 @@ pub const MODEL_MUTANTS: &[&str] = &[
     // The pace's deadline is named as the next wake-up during an outage, a quota pause or a stop,
     // when nothing can follow it: once it has passed, the publisher wakes at once, again and again.
     "stale-pace-deadline",
+    // A message with a lifetime is queued in rumqttc behind a full window, where it can expire
+    // before it is written, and nothing checks it again.
+    "ahead-with-lifetime",
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);

@@ -120,7 +120,7 @@ pub(super) struct World {
     pub wall_shift: i64,
     /// The wall clock the core was last polled with: what it decided by.
     polled_at: i64,
-    /// Publishes handed over, with the wall clock then: what the expiry check reads.
+    /// Publishes written to the broker, with the wall clock then: what the expiry check reads.
     pub handed: Vec<(Vec<u8>, i64)>,
     /// The core asked for a new connection.
     renew: Option<Cause>,
@@ -187,7 +187,6 @@ impl World {
                     self.core.on_hand_over_failed(p);
                     return;
                 }
-                self.handed.push((p.envelope.clone(), self.polled_at));
                 self.queued.push_back(p.envelope);
                 self.write_queued();
             }
@@ -240,6 +239,8 @@ impl World {
         while self.broker.on_wire.len() < self.cap
             && let Some(payload) = self.queued.pop_front()
         {
+            // Written now: what the expiry check compares with the message's lifetime.
+            self.handed.push((payload.clone(), self.now_ms()));
             let pkid = self.broker.send(payload);
             self.core.on_published(pkid, self.now);
         }
