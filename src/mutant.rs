@@ -118,6 +118,7 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // effect committed for a new one.
     ("consumer-state-unsaved", "tests/consumer_restart.rs"),
     ("ahead-while-probing", "tests/poison_isolation.rs"),
+    ("recheck-flat", "tests/idle_wakeups.rs"),
     // A durable consumer keeps the verdicts of a transaction that rolled back: the message whose
     // effect failed is a duplicate when it comes again, and its effect never happens.
     ("consumer-kept-after-rollback", "tests/consumer_restart.rs"),

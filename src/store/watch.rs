@@ -17,8 +17,10 @@ use crossbeam_channel::Sender;
 const RECHECK_SOON: Duration = Duration::from_millis(1);
 /// ...for this long after the last change...
 const SOON_FOR: Duration = Duration::from_millis(10);
-/// ...then less often (each check is one query)...
-const RECHECK_EVERY: Duration = Duration::from_millis(5);
+/// ...then at a growing interval, half the time since the last change, at most this: a commit
+/// that takes longer to show is found at most half as late again, and a change that never shows
+/// costs a few dozen checks, not hundreds...
+const RECHECK_MOST: Duration = Duration::from_millis(100);
 /// ...until this long after the last change (a commit's fsync on slow flash can take this long).
 const RECHECK_FOR: Duration = Duration::from_secs(1);
 
@@ -27,8 +29,11 @@ const RECHECK_FOR: Duration = Duration::from_secs(1);
 /// A commit writes its WAL frames (which is what wakes the watch) before it syncs them and
 /// publishes them in the shared-memory index (which wakes nobody): a reader woken by the write
 /// may find nothing new yet. So after a change the waiting thread checks `PRAGMA data_version`
-/// every millisecond at first, then every few, until it moves, for a second at most after the
-/// last change, then goes back to sleep. Both phases are timed from the last change: writes that
+/// every millisecond at first, then less and less often, until it moves, for a second at most
+/// after the last change, then goes back to sleep. Many changes never show as a version the
+/// waiting thread can see: its own connection's writes, a rollback whose pages spilled into the
+/// WAL, the tail of a commit whose start already showed (its writes can reach the watch in two
+/// reads); the growing interval keeps what each of those costs small. Both phases are timed from the last change: writes that
 /// keep coming (a busy writer, the relay's own marks during a drain) keep the checks at one a
 /// millisecond, one query each, which costs little beside the writes themselves; timing the fast
 /// phase from the first change instead left a foreign commit that followed the relay's own
@@ -68,8 +73,10 @@ impl Unsettled {
             None
         } else if age < SOON_FOR {
             Some(RECHECK_SOON)
+        } else if crate::mutant::active("recheck-flat") {
+            Some(Duration::from_millis(5))
         } else {
-            Some(RECHECK_EVERY)
+            Some((age / 2).min(RECHECK_MOST))
         }
     }
 
@@ -220,14 +227,16 @@ mod tests {
         unsettled.on_change_at(t0);
         assert_eq!(unsettled.recheck_at(t0), Some(RECHECK_SOON));
         assert_eq!(unsettled.recheck_at(t0 + SOON_FOR - ms(1)), Some(RECHECK_SOON));
-        assert_eq!(unsettled.recheck_at(t0 + SOON_FOR), Some(RECHECK_EVERY));
+        assert_eq!(unsettled.recheck_at(t0 + SOON_FOR), Some(SOON_FOR / 2));
+        assert_eq!(unsettled.recheck_at(t0 + ms(60)), Some(ms(30)), "half the age");
+        assert_eq!(unsettled.recheck_at(t0 + ms(500)), Some(RECHECK_MOST), "at most");
         // A later change starts both phases again.
         unsettled.on_change_at(t0 + ms(900));
         assert_eq!(unsettled.recheck_at(t0 + ms(901)), Some(RECHECK_SOON));
-        assert_eq!(unsettled.recheck_at(t0 + ms(900) + SOON_FOR), Some(RECHECK_EVERY));
+        assert_eq!(unsettled.recheck_at(t0 + ms(900) + SOON_FOR), Some(SOON_FOR / 2));
         assert_eq!(
             unsettled.recheck_at(t0 + ms(900) + RECHECK_FOR - ms(1)),
-            Some(RECHECK_EVERY),
+            Some(RECHECK_MOST),
             "the window runs from the last change"
         );
         assert_eq!(
