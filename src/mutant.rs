@@ -117,7 +117,6 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // first number it sees, missing what was lost while it was down, and takes a message whose
     // effect committed for a new one.
     ("consumer-state-unsaved", "tests/consumer_restart.rs"),
-    ("ahead-while-probing", "tests/poison_isolation.rs"),
     ("recheck-flat", "tests/idle_wakeups.rs"),
     // A durable consumer keeps the verdicts of a transaction that rolled back: the message whose
     // effect failed is a duplicate when it comes again, and its effect never happens.
@@ -172,9 +171,6 @@ pub const MODEL_MUTANTS: &[&str] = &[
     // The pace's deadline is named as the next wake-up during an outage, a quota pause or a stop,
     // when nothing can follow it: once it has passed, the publisher wakes at once, again and again.
     "stale-pace-deadline",
-    // A message with a lifetime is queued in rumqttc behind a full window, where it can expire
-    // before it is written, and nothing checks it again.
-    "ahead-with-lifetime",
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);

@@ -228,16 +228,3 @@ fn a_broker_that_acknowledges_nothing_gets_nothing_marked_and_nothing_isolated()
     assert!(wait_drained(&outbox, WAIT));
     relay.shutdown().expect("shutdown");
 }
-
-/// The isolation scenario fails against the mutant that queues publishes ahead of a one-row
-/// window while probing: drops then come with several rows on the wire and blame none, and the
-/// poison is isolated only after many more of them.
-#[test]
-#[cfg(feature = "mutants")]
-fn the_isolation_scenario_catches_its_mutant() -> Result<(), Box<dyn std::error::Error>> {
-    support::mutant::caught_by(
-        "ahead-while-probing",
-        "a_row_the_broker_drops_the_connection_over_is_isolated_after_three_drops",
-        "isolated after three unambiguous drops over it",
-    )
-}

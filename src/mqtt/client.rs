@@ -18,12 +18,6 @@ use crate::error::{Error, Result};
 /// rumqttc's MQTT 5 client asserts a keep-alive of at least 5 s.
 const V5_MIN_KEEP_ALIVE: Duration = Duration::from_secs(5);
 
-/// Publishes the relay may hand to rumqttc beyond its in-flight cap. They wait in rumqttc's
-/// request channel, and its event loop writes the next one as soon as a PUBACK frees a slot,
-/// without waiting for the relay's thread to wake and hand one over: the wire stays busy, and
-/// the event loop is rarely parked when the next publish comes.
-pub(crate) const QUEUED_AHEAD: usize = 4;
-
 /// What a session is for: the options differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
@@ -124,16 +118,14 @@ impl SessionOptions {
             None => plain_transport(websocket),
         };
         let connect_secs = config.connect_timeout_value().as_secs().max(1);
-        // Room for the whole window, the publishes queued ahead of it, the status message and a
-        // disconnect, so a non-blocking
+        // Room for the whole window plus the status message and a disconnect, so a non-blocking
         // publish never fails for lack of room while the connection is up. And room for an ack
         // per delivery the broker can have unacknowledged on one connection (packet ids are 16
         // bits): rumqttc sends one queued request per turn of its loop but reads up to ten
         // packets in one, so acks queue up while a backlog streams in, and a full channel would
         // force a reconnect (and the broker to start over).
-        let request_capacity = role.window().map_or(0, |w| usize::from(w) + QUEUED_AHEAD)
-            + role.reads().map_or(0, |_| usize::from(u16::MAX))
-            + 16;
+        let request_capacity =
+            usize::from(role.window().unwrap_or(0)) + role.reads().map_or(0, |_| usize::from(u16::MAX)) + 16;
         let mut all = Vec::new();
         for (host, port) in config.brokers() {
             let options = match config.version() {

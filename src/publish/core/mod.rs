@@ -82,14 +82,6 @@ impl Publish {
         }
     }
 
-    /// Whether a row of it has a lifetime.
-    fn has_lifetime(&self) -> bool {
-        match &self.members {
-            Some(rows) => rows.iter().any(|r| r.expires_at.is_some()),
-            None => self.row.expires_at.is_some(),
-        }
-    }
-
     /// Unpacks it: the rows it was taken as, in order.
     fn into_rows(self) -> Vec<Ready> {
         self.members.unwrap_or_else(|| vec![self.row])
@@ -135,8 +127,7 @@ pub(crate) struct Core {
     /// Paced replay (`RelayConfig::pace_messages`): the bucket, and when it has tokens again.
     pacer: Pacer,
     paced_until: Option<Instant>,
-    /// A publish made (a row taken, a batch packed) and held back by the pace, or because it has
-    /// a lifetime and the window is full: it goes next.
+    /// A publish made (a row taken, a batch packed) and held back by the pace: it goes next.
     held_back: Option<Publish>,
     /// Highest `outbox_gaps.gap_id` read so far on this connection.
     gap_cursor: i64,

@@ -3,31 +3,11 @@
 
 use std::time::Instant;
 
-use super::{Action, Awaiting, Core, GAP_READ_BATCH, Live, Outgoing, Publish, READ_BATCH, ReadRequest};
-use crate::mqtt::QUEUED_AHEAD;
+use super::{Action, Awaiting, Core, GAP_READ_BATCH, Outgoing, Publish, READ_BATCH, ReadRequest};
 use crate::publish::batch::{self, Front, Step};
 use crate::publish::gaps;
 
 impl Core {
-    /// How many publishes may wait in rumqttc beyond the window. None while probing (one at a
-    /// time means one handed over, or a drop could not name its row), while the pace decides
-    /// when each publish goes, with a window of one (its promise: a quota refusal reorders
-    /// nothing), or where commands share the connection (their acks would wait behind them in
-    /// rumqttc's one request channel).
-    fn queued_ahead(&self, live: &Live) -> usize {
-        let probing = live.window < live.full_window;
-        let shared = self.config.single_session && self.config.commands.is_some();
-        if (probing && !crate::mutant::active("ahead-while-probing"))
-            || !self.config.pace.is_off()
-            || live.full_window == 1
-            || shared
-        {
-            0
-        } else {
-            QUEUED_AHEAD
-        }
-    }
-
     /// Queues publishes until the window is full, the rows run out, or a read is needed (then it
     /// queues the read and waits for its answer).
     pub(super) fn fill_window(&mut self, now: Instant, now_ms: i64) {
@@ -39,8 +19,7 @@ impl Core {
         }
         loop {
             let Some(live) = &self.live else { return };
-            let window = live.window;
-            if self.tracker.in_flight() >= window + self.queued_ahead(live) {
+            if self.tracker.in_flight() >= live.window {
                 return;
             }
             if !self.at_end && (self.ready.is_empty() || std::mem::take(&mut self.check_lanes)) {
@@ -78,15 +57,6 @@ impl Core {
                     }
                 },
             };
-            // One that would wait in rumqttc behind the window goes only if it has no lifetime:
-            // it could expire there, and nothing would check it again.
-            if self.tracker.in_flight() >= window
-                && publish.has_lifetime()
-                && !crate::mutant::active("ahead-with-lifetime")
-            {
-                self.held_back = Some(publish);
-                return;
-            }
             if let Err(until) = self
                 .pacer
                 .take(publish.row.topic.len() + publish.row.envelope.len(), now)

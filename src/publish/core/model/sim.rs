@@ -1,7 +1,6 @@
-//! The model's world: a real store on a real SQLite file, the publishing core driven by hand,
-//! rumqttc's request queue and in-flight cap, and a simulated broker that forwards, acknowledges,
-//! refuses, asks for a pause, drops the connection and (on request) loses a message after
-//! acknowledging it.
+//! The model's world: a real store on a real SQLite file, the publishing core driven by hand, and
+//! a simulated broker that forwards, acknowledges, refuses, asks for a pause, drops the
+//! connection and (on request) loses a message after acknowledging it.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -108,11 +107,6 @@ pub(super) struct World {
     pub core: Core,
     pub epochs: Epochs,
     pub broker: Broker,
-    /// Publishes handed to rumqttc and not written yet: it writes the next one while fewer than
-    /// `cap` are unacknowledged (the core may hand over more than that; see `QUEUED_AHEAD`).
-    pub queued: VecDeque<Vec<u8>>,
-    /// rumqttc's in-flight cap on this connection: ours, lowered to the broker's receive maximum.
-    cap: usize,
     /// The simulated monotonic clock, and the simulated wall clock: the real one when the world
     /// was made, moved by every step of time and every jump.
     pub now: Instant,
@@ -120,7 +114,7 @@ pub(super) struct World {
     pub wall_shift: i64,
     /// The wall clock the core was last polled with: what it decided by.
     polled_at: i64,
-    /// Publishes written to the broker, with the wall clock then: what the expiry check reads.
+    /// Publishes handed over, with the wall clock then: what the expiry check reads.
     pub handed: Vec<(Vec<u8>, i64)>,
     /// The core asked for a new connection.
     renew: Option<Cause>,
@@ -143,8 +137,6 @@ impl World {
             config,
             epochs,
             broker: Broker::default(),
-            queued: VecDeque::new(),
-            cap: 1,
             now: Instant::now(),
             wall_base: crate::time::now_ms(),
             wall_shift: 0,
@@ -159,8 +151,8 @@ impl World {
         self.wall_base.saturating_add(self.wall_shift)
     }
 
-    /// Performs the core's actions until it has none, as the publisher thread does; rumqttc
-    /// writes each publish handed over as soon as its in-flight cap allows.
+    /// Performs the core's actions until it has none, as the publisher thread does; rumqttc's
+    /// write of each publish follows its hand-over at once.
     pub fn drive(&mut self) {
         let mut guard = 0;
         self.polled_at = self.now_ms();
@@ -187,8 +179,9 @@ impl World {
                     self.core.on_hand_over_failed(p);
                     return;
                 }
-                self.queued.push_back(p.envelope);
-                self.write_queued();
+                self.handed.push((p.envelope.clone(), self.polled_at));
+                let pkid = self.broker.send(p.envelope);
+                self.core.on_published(pkid, self.now);
             }
             Action::Read(req) => {
                 let ctx = Context {
@@ -234,25 +227,11 @@ impl World {
         }
     }
 
-    /// rumqttc writes what waits in its queue while its in-flight cap allows.
-    fn write_queued(&mut self) {
-        while self.broker.on_wire.len() < self.cap
-            && let Some(payload) = self.queued.pop_front()
-        {
-            // Written now: what the expiry check compares with the message's lifetime.
-            self.handed.push((payload.clone(), self.now_ms()));
-            let pkid = self.broker.send(payload);
-            self.core.on_published(pkid, self.now);
-        }
-    }
-
     pub fn connect(&mut self, receive_max: Option<u16>) {
         if self.broker.connected {
             return;
         }
         self.broker.connected = true;
-        let ours = self.config.max_in_flight.max(1);
-        self.cap = receive_max.map_or(ours, |m| ours.min(usize::from(m).max(1)));
         let granted = Granted {
             receive_max,
             ..Granted::default()
@@ -281,8 +260,6 @@ impl World {
             verdict,
         };
         self.core.on_puback(ack, self.now);
-        // The freed slot goes to the next queued publish before the relay's thread runs again.
-        self.write_queued();
         self.drive();
     }
 
@@ -309,8 +286,6 @@ impl World {
 
     fn end_connection(&mut self) {
         self.broker.connected = false;
-        // Never written: rumqttc's queue goes with its client (a fresh one per connection).
-        self.queued.clear();
         for packet in std::mem::take(&mut self.broker.on_wire) {
             self.broker.unsettled.push(packet.payload);
         }
