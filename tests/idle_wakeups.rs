@@ -17,11 +17,14 @@ use support::{Broker, Subscriber, WAIT};
 
 /// The publisher thread's name, as the kernel keeps it (15 bytes).
 const PUBLISHER: &[&str] = &["edge-outbox-relay"];
+/// The thread that turns the WAL file's changes into wake-ups: without it the relay only polls,
+/// and an idle one would pass here without a recheck to count.
+const WATCH: &[&str] = &["edge-outbox-watch"];
 /// How long the idle relay is watched after each change: past the end of its rechecks.
 const WATCHED: Duration = Duration::from_millis(1_200);
 /// Wake-ups allowed in that time. A relay that rechecks every few milliseconds for the whole
 /// second wakes about two hundred times.
-const MOST_WAKEUPS: u64 = 60;
+const MOST_WAKEUPS: u64 = 80;
 
 /// The publisher thread's wake-ups in the `WATCHED` after `f` returns (not while it runs: a
 /// writer's changes keep the rechecks at their fastest, which is not idle).
@@ -52,6 +55,10 @@ fn an_idle_relay_sleeps_after_a_delivery_and_after_a_change_that_never_commits()
             threads::usage_by_name(PUBLISHER).len(),
             1,
             "one publisher thread to count"
+        );
+        assert!(
+            !threads::usage_by_name(WATCH).is_empty(),
+            "the file watch is not running"
         );
         woke.push(wakeups(|| {}));
     }

@@ -81,7 +81,7 @@ pub(crate) fn run_handler(
     // After a change: wait for the commit to become visible before trying again.
     let mut unsettled = Unsettled::default();
     let mut version: Option<i64> = None;
-    // When the earliest command waiting out its backoff falls due: a recheck never delays it.
+    // When the earliest command waiting out its backoff falls due: a recheck wait ends then.
     let mut due_at: Option<Instant> = None;
     let options = outbox.options().clone();
     let stranded = std::sync::Mutex::new(Vec::new());
@@ -99,14 +99,25 @@ pub(crate) fn run_handler(
         }
         let data_version = |conn: &Option<Connection>| conn.as_ref().and_then(|c| data_version(c).ok());
         if let Some(recheck) = unsettled.recheck() {
-            // Try at once after a change, then again each time another commit shows. Never the
-            // long poll here: this wait hears nothing else, and a retry may fall due meanwhile.
+            // Try at once after a change, then again each time another commit shows. The
+            // rechecks grow sparse as the change ages, so this wait also hears a command stored
+            // by the intake, another change, and a retry falling due.
             let now = data_version(&conn);
             let due = due_at.is_some_and(|at| Instant::now() >= at);
             if !due && now.is_some() && now == version {
+                let until_due = due_at.map_or(recheck, |at| at.saturating_duration_since(Instant::now()));
                 select! {
                     recv(stop) -> _ => return Ok(()),
-                    default(recheck) => {}
+                    // Committed before it was sent: try at once.
+                    recv(arrivals) -> _ => version = None,
+                    recv(changes) -> change => match change {
+                        Ok(()) => unsettled.on_change(),
+                        Err(_) => {
+                            changes = crossbeam_channel::never();
+                            poll = SAFETY_POLL;
+                        }
+                    },
+                    default(recheck.min(until_due)) => {}
                 }
                 continue;
             }

@@ -253,6 +253,16 @@ mod tests {
         assert_eq!(unsettled.wait(Duration::from_secs(10)), Duration::from_secs(10));
         unsettled.on_change();
         assert_eq!(unsettled.wait(Duration::from_secs(10)), RECHECK_SOON);
+        // A change that never shows: a few dozen checks, the last within a check of the end.
+        let mut at = t0 + ms(5000);
+        unsettled.on_change_at(at);
+        let mut checks = 0;
+        while let Some(next) = unsettled.recheck_at(at) {
+            at += next;
+            checks += 1;
+        }
+        assert!((20..=40).contains(&checks), "{checks} checks");
+        assert!(at >= t0 + ms(5000) + RECHECK_FOR && at <= t0 + ms(5000) + RECHECK_FOR + RECHECK_MOST);
         assert_eq!(
             unsettled.wait(Duration::from_micros(200)),
             Duration::from_micros(200)
