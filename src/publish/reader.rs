@@ -98,8 +98,11 @@ impl<'c> Snapshot<'c> {
 impl Drop for Snapshot<'_> {
     fn drop(&mut self) {
         // Ending a read transaction writes nothing. Should it fail anyway, a rollback ends it: a
-        // read left open would see the file as it was, and never a new row.
+        // read left open would see the file as it was, and never a new row. SQLite may have
+        // ended it already (an I/O error or out of memory rolls it back): the error that did
+        // was reported where it happened, and there is nothing left to end.
         if let Some(conn) = self.conn
+            && !conn.is_autocommit()
             && let Err(e) = conn.prepare_cached("COMMIT").and_then(|mut s| s.execute([]))
         {
             tracing::warn!(error = %e, "could not end the outbox read; rolling it back");
@@ -112,5 +115,51 @@ impl ReadResult {
     /// The highest outbox row read, in any lane.
     pub(crate) fn last_seq(&self) -> Option<i64> {
         self.lanes.iter().flatten().filter_map(|l| l.last_seq).max()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// The log, as text.
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Log {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log").extend_from_slice(b);
+            Ok(b.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_read_sqlite_already_ended_is_not_ended_again() {
+        let conn = Connection::open_in_memory().expect("open");
+        let log = Log::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let snapshot = Snapshot::begin(&conn).expect("begin");
+            assert!(!conn.is_autocommit());
+            // What SQLite does to a transaction on an I/O error or out of memory.
+            conn.execute_batch("ROLLBACK").expect("ended underneath");
+            drop(snapshot);
+        });
+        assert!(conn.is_autocommit());
+        let logged = String::from_utf8_lossy(&log.0.lock().expect("log")).into_owned();
+        assert!(
+            logged.is_empty(),
+            "a second warning beside the real error: {logged}"
+        );
     }
 }
