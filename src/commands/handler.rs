@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, TryRecvError, select};
+use crossbeam_channel::{Receiver, RecvError, TryRecvError, select};
 use rusqlite::Connection;
 
 use crate::error::Result;
@@ -110,12 +110,8 @@ pub(crate) fn run_handler(
                     recv(stop) -> _ => return Ok(()),
                     // Committed before it was sent: try at once.
                     recv(arrivals) -> _ => version = None,
-                    recv(changes) -> change => match change {
-                        Ok(()) => unsettled.on_change(),
-                        Err(_) => {
-                            changes = crossbeam_channel::never();
-                            poll = SAFETY_POLL;
-                        }
+                    recv(changes) -> change => if watch_event(change, &mut changes, &mut poll) {
+                        unsettled.on_change();
                     },
                     default(recheck.min(until_due)) => {}
                 }
@@ -169,21 +165,25 @@ pub(crate) fn run_handler(
         };
         select! {
             recv(arrivals) -> _ => {}
-            recv(changes) -> change => match change {
-                Ok(()) => {
-                    version = None;
-                    unsettled.on_change();
-                }
-                // The watch ended: poll as if there had never been one.
-                Err(_) => {
-                    changes = crossbeam_channel::never();
-                    poll = SAFETY_POLL;
-                }
+            recv(changes) -> change => if watch_event(change, &mut changes, &mut poll) {
+                version = None;
+                unsettled.on_change();
             },
             recv(stop) -> _ => return Ok(()),
             default(unsettled.wait(wait)) => {}
         }
     }
+}
+
+/// What the file watch sent: `true` for a change. When the watch ended, the thread polls from
+/// then on as if there had never been one.
+fn watch_event(change: Result<(), RecvError>, changes: &mut Receiver<()>, poll: &mut Duration) -> bool {
+    if change.is_ok() {
+        return true;
+    }
+    *changes = crossbeam_channel::never();
+    *poll = SAFETY_POLL;
+    false
 }
 
 /// The thread's connection, opened on first use (and after a failure to open), after recovering
