@@ -69,7 +69,7 @@ const WATCHED_POLL: Duration = Duration::from_secs(10);
 pub(crate) fn run_handler(
     outbox: Outbox,
     mut handler: Handler,
-    arrivals: Receiver<()>,
+    mut arrivals: Receiver<()>,
     changes: Option<Receiver<()>>,
     stop: Receiver<()>,
     status: Arc<StatusCell>,
@@ -109,7 +109,9 @@ pub(crate) fn run_handler(
                 select! {
                     recv(stop) -> _ => return Ok(()),
                     // Committed before it was sent: try at once.
-                    recv(arrivals) -> _ => version = None,
+                    recv(arrivals) -> arrival => if arrived(arrival, &mut arrivals) {
+                        version = None;
+                    },
                     recv(changes) -> change => if watch_event(change, &mut changes, &mut poll) {
                         unsettled.on_change();
                     },
@@ -164,7 +166,9 @@ pub(crate) fn run_handler(
             }
         };
         select! {
-            recv(arrivals) -> _ => {}
+            recv(arrivals) -> arrival => {
+                arrived(arrival, &mut arrivals);
+            }
             recv(changes) -> change => if watch_event(change, &mut changes, &mut poll) {
                 version = None;
                 unsettled.on_change();
@@ -173,6 +177,16 @@ pub(crate) fn run_handler(
             default(unsettled.wait(wait)) => {}
         }
     }
+}
+
+/// Whether the intake sent an arrival. When its thread ended (the relay stopping, or a bug), the
+/// closed channel would otherwise read as an arrival at every wait: the thread polls instead.
+fn arrived(arrival: Result<(), RecvError>, arrivals: &mut Receiver<()>) -> bool {
+    if arrival.is_ok() {
+        return true;
+    }
+    *arrivals = crossbeam_channel::never();
+    false
 }
 
 /// What the file watch sent: `true` for a change. When the watch ended, the thread polls from
@@ -201,4 +215,49 @@ fn ready<'c>(
     }
     conn.as_mut()
         .ok_or_else(|| crate::Error::Panicked("edge-outbox-handler (no connection)".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+
+    /// A handler with nothing to apply that counts how often the thread asks it.
+    struct Counting(Arc<AtomicU64>);
+
+    impl Apply for Counting {
+        fn apply_next(
+            &mut self,
+            _conn: &mut Connection,
+            _applier: &Applier<'_>,
+            _on_claim: &mut dyn FnMut(&Command),
+        ) -> Result<(ApplyOutcome, u64)> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok((ApplyOutcome::Idle { next_due: None }, 0))
+        }
+    }
+
+    /// The command intake's thread ends (a panic in it, or the relay stopping): its end of the
+    /// arrivals channel closes. That is not a command arriving, over and over: the handler keeps
+    /// to its polls instead of asking for the next command at full speed until the relay stops.
+    #[test]
+    fn a_closed_arrivals_channel_is_not_an_arrival() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let outbox = Outbox::open(dir.path().join("device.db")).expect("outbox");
+        let (intake, arrivals) = crossbeam_channel::bounded(1);
+        drop(intake);
+        let (stop_tx, stop) = crossbeam_channel::bounded::<()>(0);
+        let calls = Arc::new(AtomicU64::new(0));
+        let handler = Box::new(Counting(calls.clone()));
+        let thread = std::thread::spawn(move || {
+            run_handler(outbox, handler, arrivals, None, stop, Arc::new(StatusCell::new()))
+        });
+        // Shorter than the unwatched poll: one ask at start, none after.
+        std::thread::sleep(SAFETY_POLL / 2);
+        drop(stop_tx);
+        thread.join().expect("handler thread").expect("handler result");
+        let asked = calls.load(Ordering::SeqCst);
+        assert!(asked <= 2, "asked for the next command {asked} times");
+    }
 }
