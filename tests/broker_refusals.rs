@@ -285,6 +285,39 @@ fn quota_exceeded_backs_off_and_publishes_again() {
     relay.shutdown().expect("shutdown");
 }
 
+/// A CONNACK with a Receive Maximum of 0, which MQTT 5 forbids: taken as it stands, rumqttc would
+/// write nothing on that connection (no publish, no subscription, no ack) while the connection
+/// looks healthy. The relay ends the connection with an error naming the property, retries with
+/// backoff, and publishes once the broker answers within the protocol.
+#[test]
+fn a_connack_with_a_receive_maximum_of_0_is_an_error_and_retried() {
+    let broker = Broker::start().expect("broker");
+    let proxy = MqttProxy::start(broker.addr()).expect("mqtt proxy");
+    let sub = Subscriber::start(broker.addr(), "orders/#").expect("subscriber");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let outbox = open_device(dir.path());
+    let committed = commit(&outbox, &[("orders/1", vec![1])]);
+    proxy.answer_connacks_with_receive_maximum(Some(0));
+    let relay = Relay::start(&outbox, relay_config(proxy.addr(), "receive-max-0")).expect("relay");
+    assert!(
+        proxy.wait_connacks(3, WAIT),
+        "connects again after a Receive Maximum of 0: {} CONNACKs",
+        proxy.connacks()
+    );
+    let status = relay.status().expect("status");
+    let error = status.last_error.clone().unwrap_or_default();
+    assert!(error.contains("Receive Maximum of 0"), "{status:?}");
+    assert_eq!(
+        outbox.stats().expect("stats").pending_messages,
+        1,
+        "nothing was published"
+    );
+    proxy.answer_connacks_with_receive_maximum(None);
+    check::wait_and_check(&sub, &committed, WAIT).expect("delivered");
+    assert!(wait_drained(&outbox, WAIT));
+    relay.shutdown().expect("shutdown");
+}
+
 /// Any refusal code the broker sends (here through the proxy, so it runs against rumqttd too):
 /// dead-lettered with the code and the next row goes out.
 #[test]

@@ -325,6 +325,16 @@ impl Driver<'_> {
                 Recv::Failed(cause) => return failed(connection, on_signal, cause, connected, healthy),
             };
             let flow = match step {
+                Step::ConnAck(granted) if granted.receive_max == Some(0) => {
+                    // MQTT 5 makes it a protocol error. rumqttc would take it as a cap of nothing
+                    // and write no request on this connection (no publish, subscription or ack)
+                    // while its pings keep it looking alive.
+                    let cause = Cause::new(
+                        CauseKind::Broker,
+                        "the broker's CONNACK gave a Receive Maximum of 0, which MQTT 5 forbids",
+                    );
+                    return failed(connection, on_signal, cause, false, false);
+                }
                 Step::ConnAck(granted) => {
                     connected_at = Some(Instant::now());
                     if let Some(secs) = granted.server_keep_alive {

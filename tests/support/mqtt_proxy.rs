@@ -18,6 +18,7 @@
 //! | `release_held()` | held PUBACKs are sent now, on their connection if it is still open |
 //! | `drop_pubacks(on)` | every PUBACK to clients is discarded while on |
 //! | `answer_pubacks_with(n, code)` | the next `n` PUBACKs to MQTT 5 clients carry reason `code` instead (a refusal, a quota) |
+//! | `answer_connacks_with_receive_maximum(max)` | every MQTT 5 CONNACK carries a Receive Maximum of `max` as its only property while set (0 breaks the protocol) |
 //! | `answer_subacks_with(code)` | every SUBACK refuses with `code` (MQTT 5; 0x80 under 3.1.1) while set |
 //! | `close_on_publish(pred)` | a client PUBLISH matching `pred` closes its connection instead of reaching the broker |
 //! | `swallow_publish(pred)` | a client PUBLISH matching `pred` is dropped, the connection kept: it is never acknowledged |
@@ -115,6 +116,7 @@ struct State {
     held: Vec<(u64, Vec<u8>)>,
     rewrite: Option<(usize, u8)>,
     refuse_subscriptions: Option<u8>,
+    receive_maximum: Option<u16>,
     drop_pubacks: bool,
     close_on: Option<Predicate>,
     swallow: Option<Predicate>,
@@ -253,6 +255,10 @@ impl MqttProxy {
 
     /// While on, every PUBACK to clients is discarded: a broker that takes publishes and never
     /// acknowledges them.
+    pub fn answer_connacks_with_receive_maximum(&self, max: Option<u16>) {
+        self.shared.update(|st| st.receive_maximum = max);
+    }
+
     pub fn drop_pubacks(&self, on: bool) {
         self.shared.update(|st| st.drop_pubacks = on);
     }
@@ -639,6 +645,15 @@ fn refused_suback(suback: &[u8], level: u8, code: u8) -> Vec<u8> {
     out
 }
 
+/// An MQTT 5 CONNACK with the broker's flags and reason code, and a Receive Maximum of `max` as
+/// its only property.
+fn connack_with_receive_maximum(connack: &[u8], max: u16) -> Vec<u8> {
+    let b = body(connack);
+    let (flags, reason) = (b.first().copied().unwrap_or(0), b.get(1).copied().unwrap_or(0));
+    let [hi, lo] = max.to_be_bytes();
+    vec![0x20, 6, flags, reason, 3, 0x21, hi, lo]
+}
+
 fn protocol_level(connect: &[u8]) -> u8 {
     let b = body(connect);
     let name_len = u16_at(b, 0).map_or(0, usize::from);
@@ -771,6 +786,12 @@ fn pump_down(shared: &Arc<Shared>, id: u64, mut from: TcpStream, client: &Mutex<
                 let mut fired = None;
                 let forward = match kind {
                     2 => {
+                        let level = st.conns.get(&id).map_or(4, |c| c.level);
+                        if level == 5
+                            && let Some(max) = st.receive_maximum
+                        {
+                            packet = connack_with_receive_maximum(&packet, max);
+                        }
                         st.connacks += 1;
                         fired = Some(Trigger::ConnAck);
                         true
