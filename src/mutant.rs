@@ -117,7 +117,12 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // first number it sees, missing what was lost while it was down, and takes a message whose
     // effect committed for a new one.
     ("consumer-state-unsaved", "tests/consumer_restart.rs"),
+    // After a change to the WAL file, the relay rechecks every few milliseconds for the whole
+    // second: a change that never shows as a commit costs an idle relay hundreds of wake-ups.
     ("recheck-flat", "tests/idle_wakeups.rs"),
+    // A CONNACK's Receive Maximum of 0, which MQTT 5 forbids, is taken as it stands: rumqttc
+    // writes nothing on that connection, and the relay stalls looking connected.
+    ("receive-max-zero-taken", "tests/broker_refusals.rs"),
     // A durable consumer keeps the verdicts of a transaction that rolled back: the message whose
     // effect failed is a duplicate when it comes again, and its effect never happens.
     ("consumer-kept-after-rollback", "tests/consumer_restart.rs"),

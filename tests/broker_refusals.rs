@@ -299,8 +299,9 @@ fn a_connack_with_a_receive_maximum_of_0_is_an_error_and_retried() {
     let committed = commit(&outbox, &[("orders/1", vec![1])]);
     proxy.answer_connacks_with_receive_maximum(Some(0));
     let relay = Relay::start(&outbox, relay_config(proxy.addr(), "receive-max-0")).expect("relay");
+    // The test's backoff is short: a few connections take well under this.
     assert!(
-        proxy.wait_connacks(3, WAIT),
+        proxy.wait_connacks(3, Duration::from_secs(10)),
         "connects again after a Receive Maximum of 0: {} CONNACKs",
         proxy.connacks()
     );
@@ -316,6 +317,17 @@ fn a_connack_with_a_receive_maximum_of_0_is_an_error_and_retried() {
     check::wait_and_check(&sub, &committed, WAIT).expect("delivered");
     assert!(wait_drained(&outbox, WAIT));
     relay.shutdown().expect("shutdown");
+}
+
+/// The scenario above fails against the mutant that takes a Receive Maximum of 0 as it stands.
+#[test]
+#[cfg(feature = "mutants")]
+fn the_receive_maximum_scenario_catches_its_mutant() -> Result<(), Box<dyn std::error::Error>> {
+    support::mutant::caught_by(
+        "receive-max-zero-taken",
+        "a_connack_with_a_receive_maximum_of_0_is_an_error_and_retried",
+        "connects again after a Receive Maximum of 0",
+    )
 }
 
 /// Any refusal code the broker sends (here through the proxy, so it runs against rumqttd too):

@@ -325,7 +325,9 @@ impl Driver<'_> {
                 Recv::Failed(cause) => return failed(connection, on_signal, cause, connected, healthy),
             };
             let flow = match step {
-                Step::ConnAck(granted) if granted.receive_max == Some(0) => {
+                Step::ConnAck(granted)
+                    if granted.receive_max == Some(0) && !crate::mutant::active("receive-max-zero-taken") =>
+                {
                     // MQTT 5 makes it a protocol error. rumqttc would take it as a cap of nothing
                     // and write no request on this connection (no publish, subscription or ack)
                     // while its pings keep it looking alive.
