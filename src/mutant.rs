@@ -123,6 +123,10 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // A CONNACK's Receive Maximum of 0, which MQTT 5 forbids, is taken as it stands: rumqttc
     // writes nothing on that connection, and the relay stalls looking connected.
     ("receive-max-zero-taken", "tests/broker_refusals.rs"),
+    // Any accepted PUBACK ends a quota pause's error and resets its backoff, also one for a
+    // message written before the refusal: a broker that stays over quota is retried at the
+    // shortest wait whenever more than one message is in flight.
+    ("quota-cleared-by-earlier", "tests/broker_refusals.rs"),
     // A durable consumer keeps the verdicts of a transaction that rolled back: the message whose
     // effect failed is a duplicate when it comes again, and its effect never happens.
     ("consumer-kept-after-rollback", "tests/consumer_restart.rs"),

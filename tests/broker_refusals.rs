@@ -285,6 +285,52 @@ fn quota_exceeded_backs_off_and_publishes_again() {
     relay.shutdown().expect("shutdown");
 }
 
+/// A PUBACK for a message written before the broker said "quota exceeded" says nothing about the
+/// quota now: it neither clears the error nor resets the pause's backoff (which would keep a
+/// broker that stays over quota at the shortest wait, whenever more than one message is in
+/// flight). Only a message published after the refusal and accepted clears it.
+#[test]
+fn an_earlier_messages_puback_does_not_clear_a_quota_pause() {
+    let broker = Broker::start().expect("broker");
+    let proxy = MqttProxy::start(broker.addr()).expect("mqtt proxy");
+    let sub = Subscriber::start(broker.addr(), "orders/#").expect("subscriber");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let outbox = open_device(dir.path());
+    let committed = commit(&outbox, &[("orders/1", vec![1]), ("orders/2", vec![2])]);
+    proxy.answer_pubacks_with(1, 0x97);
+    // A pause of at least 1.5 s: long enough to look at the status inside it.
+    let config = relay_config(proxy.addr(), "quota-held")
+        .reconnect_backoff(Duration::from_secs(3), Duration::from_secs(6));
+    let relay = Relay::start(&outbox, config).expect("relay");
+    wait("the second message's PUBACK", || {
+        relay.status().is_ok_and(|s| s.acknowledged >= 1)
+    });
+    let status = relay.status().expect("status");
+    assert!(
+        status.last_error.as_deref().is_some_and(|e| e.contains("0x97")),
+        "the quota error still stands during its pause: {status:?}"
+    );
+    check::wait_and_check(&sub, &committed, WAIT).expect("delivered");
+    assert!(wait_drained(&outbox, WAIT));
+    let status = relay.status().expect("status");
+    assert!(
+        status.last_error.is_none(),
+        "cleared once published again: {status:?}"
+    );
+    relay.shutdown().expect("shutdown");
+}
+
+/// The scenario above fails against the mutant that lets any accepted PUBACK end a quota pause.
+#[test]
+#[cfg(feature = "mutants")]
+fn the_quota_pause_scenario_catches_its_mutant() -> Result<(), Box<dyn std::error::Error>> {
+    support::mutant::caught_by(
+        "quota-cleared-by-earlier",
+        "an_earlier_messages_puback_does_not_clear_a_quota_pause",
+        "the quota error still stands during its pause",
+    )
+}
+
 /// A CONNACK with a Receive Maximum of 0, which MQTT 5 forbids: taken as it stands, rumqttc would
 /// write nothing on that connection (no publish, no subscription, no ack) while the connection
 /// looks healthy. The relay ends the connection with an error naming the property, retries with

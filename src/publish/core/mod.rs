@@ -173,8 +173,9 @@ pub(crate) struct Core {
     /// Quota exceeded: publish nothing new until then, then renew the connection; and why.
     paused_until: Option<(Instant, String)>,
     quota_backoff: Backoff,
-    /// A quota pause is reported: clear it at the next accepted PUBACK.
-    quota_error: bool,
+    /// When the broker last said "quota exceeded", while that stands: a message written since
+    /// and accepted clears it. One written before says nothing about the quota now.
+    quota_refused_at: Option<Instant>,
     /// Topic aliases misbehaved on this broker: never use them again in this run.
     aliases_off: bool,
     /// Stopping: publish nothing new, only take the answers to what is in flight.
@@ -215,7 +216,7 @@ impl Core {
             suspect: None,
             probe_until: None,
             paused_until: None,
-            quota_error: false,
+            quota_refused_at: None,
             aliases_off: false,
             stopping: false,
             awaiting: None,

@@ -43,7 +43,7 @@ impl Core {
         match ack.verdict {
             Verdict::Accepted if gaps::is_notice(seq) => {
                 self.report(Report::Answered { in_flight });
-                self.quota_backoff.reset();
+                self.quota_cleared(written);
                 self.announced(seq, None);
             }
             Verdict::Accepted => {
@@ -57,10 +57,7 @@ impl Core {
                     self.acked.push(row);
                     self.report(Report::Acked { in_flight, latency });
                 }
-                self.quota_backoff.reset();
-                if std::mem::take(&mut self.quota_error) {
-                    self.report(Report::QuotaCleared);
-                }
+                self.quota_cleared(written);
             }
             Verdict::Refused(reason) if gaps::is_notice(seq) => {
                 self.report(Report::Answered { in_flight });
@@ -93,12 +90,29 @@ impl Core {
                 tracing::warn!(seq, %reason, ?wait, "the broker cannot take more now: publishing again after a wait");
                 let why = format!("the broker refused a message for now: PUBACK reason {reason}");
                 self.report(Report::Quota(why.clone()));
-                self.quota_error = true;
+                self.quota_refused_at = Some(now);
                 self.paused_until = Some((now + wait, why));
                 if awaited {
                     self.renew(held_id());
                 }
             }
+        }
+    }
+
+    /// A message the broker accepted, written at `written`: if that was after the last quota
+    /// refusal, the quota is over. The PUBACKs of messages that were on the wire before it keep
+    /// coming during the pause, and would otherwise keep the pause's backoff at its shortest.
+    fn quota_cleared(&mut self, written: Option<Instant>) {
+        let after = match self.quota_refused_at {
+            None => true,
+            Some(at) => written.is_some_and(|w| w > at) || crate::mutant::active("quota-cleared-by-earlier"),
+        };
+        if !after {
+            return;
+        }
+        self.quota_backoff.reset();
+        if self.quota_refused_at.take().is_some() {
+            self.report(Report::QuotaCleared);
         }
     }
 
