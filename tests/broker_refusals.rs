@@ -298,10 +298,16 @@ fn an_earlier_messages_puback_does_not_clear_a_quota_pause() {
     let outbox = open_device(dir.path());
     let committed = commit(&outbox, &[("orders/1", vec![1]), ("orders/2", vec![2])]);
     proxy.answer_pubacks_with(1, 0x97);
+    // Both answers reach the relay, refusal first, once both messages are on the wire: the
+    // second was written before the refusal came, whatever the client's timing.
+    proxy.hold_pubacks(2);
     // A pause of at least 1.5 s: long enough to look at the status inside it.
     let config = relay_config(proxy.addr(), "quota-held")
         .reconnect_backoff(Duration::from_secs(3), Duration::from_secs(6));
     let relay = Relay::start(&outbox, config).expect("relay");
+    assert!(proxy.wait_publishes(2, WAIT), "both messages published");
+    assert!(proxy.wait_held(2, WAIT), "both answers held");
+    assert_eq!(proxy.release_held(), 2, "both answers released");
     wait("the second message's PUBACK", || {
         relay.status().is_ok_and(|s| s.acknowledged >= 1)
     });
@@ -350,6 +356,15 @@ fn a_connack_with_a_receive_maximum_of_0_is_an_error_and_retried() {
         proxy.wait_connacks(3, Duration::from_secs(10)),
         "connects again after a Receive Maximum of 0: {} CONNACKs",
         proxy.connacks()
+    );
+    // With backoff: the waits double from 20 ms up to 250 ms, about a dozen attempts in two
+    // seconds; a retry without one makes hundreds.
+    let before = proxy.connacks();
+    std::thread::sleep(Duration::from_secs(2));
+    let attempts = proxy.connacks() - before;
+    assert!(
+        attempts <= 40,
+        "{attempts} connections in 2 s: retried without backoff"
     );
     let status = relay.status().expect("status");
     let error = status.last_error.clone().unwrap_or_default();

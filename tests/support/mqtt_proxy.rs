@@ -17,7 +17,7 @@
 //! | `hold_pubacks(n)` | the next `n` PUBACKs to clients are held back; later packets pass, so the client sees later acks first |
 //! | `release_held()` | held PUBACKs are sent now, on their connection if it is still open |
 //! | `drop_pubacks(on)` | every PUBACK to clients is discarded while on |
-//! | `answer_pubacks_with(n, code)` | the next `n` PUBACKs to MQTT 5 clients carry reason `code` instead (a refusal, a quota) |
+//! | `answer_pubacks_with(n, code)` | the next `n` PUBACKs to MQTT 5 clients carry reason `code` instead (a refusal, a quota), held ones included |
 //! | `answer_connacks_with_receive_maximum(max)` | every MQTT 5 CONNACK carries a Receive Maximum of `max` as its only property while set (0 breaks the protocol) |
 //! | `answer_subacks_with(code)` | every SUBACK refuses with `code` (MQTT 5; 0x80 under 3.1.1) while set |
 //! | `close_on_publish(pred)` | a client PUBLISH matching `pred` closes its connection instead of reaching the broker |
@@ -253,12 +253,14 @@ impl MqttProxy {
         self.shared.update(|st| st.refuse_subscriptions = code);
     }
 
-    /// While on, every PUBACK to clients is discarded: a broker that takes publishes and never
-    /// acknowledges them.
+    /// While `Some`, every CONNACK to an MQTT 5 client carries a Receive Maximum of `max` as its
+    /// only property (0 breaks the protocol).
     pub fn answer_connacks_with_receive_maximum(&self, max: Option<u16>) {
         self.shared.update(|st| st.receive_maximum = max);
     }
 
+    /// While on, every PUBACK to clients is discarded: a broker that takes publishes and never
+    /// acknowledges them.
     pub fn drop_pubacks(&self, on: bool) {
         self.shared.update(|st| st.drop_pubacks = on);
     }
@@ -807,13 +809,8 @@ fn pump_down(shared: &Arc<Shared>, id: u64, mut from: TcpStream, client: &Mutex<
                         st.pubacks_dropped += 1;
                         false
                     }
-                    4 if st.hold_remaining > 0 => {
-                        st.hold_remaining -= 1;
-                        st.held.push((id, packet.clone()));
-                        fired = Some(Trigger::PubAckHeld);
-                        false
-                    }
                     4 => {
+                        // Rewritten before it is held, so it is released with its new reason.
                         let level = st.conns.get(&id).map_or(4, |c| c.level);
                         if level == 5
                             && let Some((n, code)) = st.rewrite
@@ -821,12 +818,19 @@ fn pump_down(shared: &Arc<Shared>, id: u64, mut from: TcpStream, client: &Mutex<
                             st.rewrite = (n > 1).then_some((n - 1, code));
                             packet = with_reason(&packet, code);
                         }
-                        st.pubacks_forwarded += 1;
-                        if let Some(c) = st.conns.get_mut(&id) {
-                            c.pubacks += 1;
-                            fired = Some(Trigger::PubAcksForwarded(c.pubacks));
+                        if st.hold_remaining > 0 {
+                            st.hold_remaining -= 1;
+                            st.held.push((id, packet.clone()));
+                            fired = Some(Trigger::PubAckHeld);
+                            false
+                        } else {
+                            st.pubacks_forwarded += 1;
+                            if let Some(c) = st.conns.get_mut(&id) {
+                                c.pubacks += 1;
+                                fired = Some(Trigger::PubAcksForwarded(c.pubacks));
+                            }
+                            true
                         }
-                        true
                     }
                     _ => true,
                 };

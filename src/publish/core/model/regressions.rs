@@ -108,3 +108,55 @@ fn a_cut_resumes_from_the_oldest_unacknowledged_row() {
         false,
     );
 }
+
+/// While the broker stays over quota, each pause is longer than the last, although the answer to
+/// a message written before the refusal comes during the pause and accepts it (mutant
+/// `quota-cleared-by-earlier`: that answer resets the backoff, and the second pause is as short
+/// as the first). Written by hand: the model's ledger checks what is delivered, not how long the
+/// relay waits.
+#[test]
+fn a_quota_pause_grows_while_the_broker_stays_over_quota() {
+    use std::time::Duration;
+
+    use super::sim::World;
+    use crate::Message;
+
+    // The pause waits between half the backoff's ceiling and all of it: the first in [0.5, 1) s,
+    // a second after a reset too, and one that doubled in [1, 2) s.
+    let config =
+        super::relay_config(false, false).reconnect_backoff(Duration::from_secs(1), Duration::from_secs(60));
+    let mut world = World::new(super::options(), config);
+    world
+        .outbox
+        .transaction(|tx| {
+            for i in 0..2 {
+                tx.send(&Message::new(super::TOPICS[0], format!("k{i}"), &i)?)?;
+            }
+            Ok::<_, crate::Error>(())
+        })
+        .expect("two messages");
+    world.core.on_change();
+    world.drive();
+    world.connect(None);
+    let mut pauses = Vec::new();
+    for round in 0..2 {
+        // The oldest message on the wire is refused for now.
+        world.broker.next_answer = Some(Answer::Quota);
+        world.answer(0);
+        let (until, _) = world.core.paused_until.clone().expect("paused by the quota");
+        let pause = until.duration_since(world.now);
+        pauses.push(pause);
+        if round == 0 {
+            // The other message, written before the refusal, is accepted during the pause.
+            world.answer(0);
+            assert!(world.core.paused_until.is_some(), "still paused");
+        }
+        // The pause ends: the connection is renewed and the refused message published again.
+        world.advance(pause + Duration::from_millis(1));
+        world.connect(None);
+    }
+    assert!(
+        pauses[1] >= Duration::from_secs(1),
+        "the second quota pause did not grow: {pauses:?}"
+    );
+}
