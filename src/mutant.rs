@@ -127,6 +127,10 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // message written before the refusal: a broker that stays over quota is retried at the
     // shortest wait whenever more than one message is in flight.
     ("quota-cleared-by-earlier", "tests/broker_refusals.rs"),
+    // A suspected message is published again as soon as a connection is up: a broker that
+    // ends every connection soon after accepting it (a cluster moving its queues) gets the
+    // innocent message that happened to be on the wire isolated as poison.
+    ("suspect-written-at-once", "tests/poison_isolation.rs"),
     // A durable consumer keeps the verdicts of a transaction that rolled back: the message whose
     // effect failed is a duplicate when it comes again, and its effect never happens.
     ("consumer-kept-after-rollback", "tests/consumer_restart.rs"),

@@ -5,7 +5,9 @@
 //! dead letters with the cause, and the rows behind it flow; a single transient drop never
 //! dead-letters anything. A drop with a whole window in flight blames no row: the next connection
 //! publishes one row at a time until it is past that window, so the row the broker chokes on is
-//! alone on the wire when it does. (A DISCONNECT whose reason code names the packet counts at once: see
+//! alone on the wire when it does. After a strike, the next connection stays quiet until it has
+//! held: a broker that ends every connection soon after accepting it clears the strikes instead
+//! of isolating whatever was on the wire. (A DISCONNECT whose reason code names the packet counts at once: see
 //! `tests/broker_refusals.rs`, `message_size_limit`.)
 
 mod support;
@@ -105,6 +107,62 @@ fn a_single_transient_drop_never_dead_letters_anything() {
     assert!(outbox.dead_letters(10).expect("dead letters").is_empty());
     assert_eq!(relay.status().expect("status").isolated, 0);
     relay.shutdown().expect("shutdown");
+}
+
+/// A broker that ends every connection soon after accepting it, whatever is on the wire, and
+/// answers nothing meanwhile (a cluster moving a queue's leader between nodes: seen on
+/// RabbitMQ) is no evidence against the message that happens to be on the wire each time. After
+/// a first strike, the next connection stays quiet until it has held; one the broker ends
+/// meanwhile clears the suspicion. The message is never isolated, and is delivered once the
+/// broker is steady.
+#[test]
+fn a_broker_that_ends_every_connection_soon_after_accepting_it_isolates_nothing() {
+    let broker = Broker::start().expect("broker");
+    let proxy = MqttProxy::start(broker.addr()).expect("mqtt proxy");
+    let sub = Subscriber::start(broker.addr(), "orders/#").expect("subscriber");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let outbox = open_device(dir.path());
+    // Three rows; the one called poison here is no different from the others.
+    let (mut rows, last) = commit_around_poison(&outbox, 2, 0);
+    rows.push((last, "k".to_owned()));
+    let unsteady = Arc::new(AtomicBool::new(true));
+    let swallowing = unsteady.clone();
+    proxy.swallow_publish(move |_| swallowing.load(Ordering::SeqCst));
+    proxy.drop_after(
+        support::mqtt_proxy::Trigger::ConnAck,
+        Duration::from_millis(300),
+        support::mqtt_proxy::Repeat::Always,
+    );
+    let relay = Relay::start(&outbox, relay_config(proxy.addr(), "unsteady")).expect("relay");
+    assert!(
+        proxy.wait_connections(8, WAIT),
+        "{} connections",
+        proxy.connections()
+    );
+    let dead = outbox.dead_letters(10).expect("dead letters");
+    assert!(
+        dead.is_empty(),
+        "isolated over an unsteady broker's drops: {dead:#?}"
+    );
+    assert_eq!(relay.status().expect("status").isolated, 0);
+    unsteady.store(false, Ordering::SeqCst);
+    proxy.clear_drop_after();
+    check::wait_and_check(&sub, &rows, WAIT).expect("every row delivered, in order");
+    assert!(wait_drained(&outbox, WAIT));
+    assert!(outbox.dead_letters(10).expect("dead letters").is_empty());
+    relay.shutdown().expect("shutdown");
+}
+
+/// The scenario above fails against the mutant that publishes a suspect as soon as a connection
+/// is up.
+#[test]
+#[cfg(feature = "mutants")]
+fn the_unsteady_broker_scenario_catches_its_mutant() -> Result<(), Box<dyn std::error::Error>> {
+    support::mutant::caught_by(
+        "suspect-written-at-once",
+        "a_broker_that_ends_every_connection_soon_after_accepting_it_isolates_nothing",
+        "isolated over an unsteady broker's drops",
+    )
 }
 
 /// A broker that neither acknowledges nor disconnects (RabbitMQ 3.10 above `max_message_size`):

@@ -375,7 +375,7 @@ impl Publisher {
     }
 
     fn on_connected(&mut self, d: &mut Driver, link: Link) {
-        d.core.on_connected(&link.granted);
+        d.core.on_connected(&link.granted, Instant::now());
         self.status.on_connected(&link.granted);
         self.status.set_broker(&link.endpoint);
         self.status.set_credential_expires(link.credential_expires);

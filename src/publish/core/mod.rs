@@ -172,6 +172,10 @@ pub(crate) struct Core {
     probe_until: Option<Seq>,
     /// Quota exceeded: publish nothing new until then, then renew the connection; and why.
     paused_until: Option<(Instant, String)>,
+    /// A suspect stands: this connection first stays up with nothing on the wire until then. One
+    /// a broker ends meanwhile (a cluster moving its queues) says the broker is unsteady, which
+    /// clears the suspect; one that holds makes the suspect's next strike mean something.
+    quiet_until: Option<Instant>,
     quota_backoff: Backoff,
     /// When the broker last said "quota exceeded", while that stands: a message written since
     /// and accepted clears it. One written before says nothing about the quota now.
@@ -216,6 +220,7 @@ impl Core {
             suspect: None,
             probe_until: None,
             paused_until: None,
+            quiet_until: None,
             quota_refused_at: None,
             aliases_off: false,
             stopping: false,
@@ -261,7 +266,7 @@ impl Core {
     /// A new connection, with what its CONNACK granted. A clean session: nothing queued for the
     /// old connection survives, so publishing resumes from the oldest row not yet acknowledged,
     /// once every acknowledged row is marked.
-    pub(crate) fn on_connected(&mut self, granted: &Granted) {
+    pub(crate) fn on_connected(&mut self, granted: &Granted, now: Instant) {
         self.mark_all();
         self.forget_in_flight();
         self.clear_ready();
@@ -309,6 +314,14 @@ impl Core {
                 window = full_window,
                 max_packet,
                 "the broker's limits apply (receive maximum, maximum packet size)"
+            );
+        }
+        self.quiet_until = (self.suspect.is_some() && !crate::mutant::active("suspect-written-at-once"))
+            .then(|| now + verdicts::CHOKE_WINDOW);
+        if self.quiet_until.is_some() {
+            tracing::info!(
+                quiet = ?verdicts::CHOKE_WINDOW,
+                "a message is suspected of ending connections: waiting for this one to hold before publishing it again"
             );
         }
         self.live = Some(Live {
@@ -387,6 +400,9 @@ impl Core {
             );
             self.renew(cause);
         }
+        if self.quiet_until.is_some_and(|t| now >= t) {
+            self.quiet_until = None;
+        }
         if self.paused_until.as_ref().is_some_and(|(t, _)| now >= *t)
             && let Some((_, why)) = self.paused_until.take()
         {
@@ -412,6 +428,9 @@ impl Core {
         if let Some((until, _)) = &self.paused_until {
             at(*until);
         }
+        if let Some(until) = self.quiet_until {
+            at(until);
+        }
         // The pace's deadline, only while a publish could follow it: during an outage, a quota
         // pause or a stop, a deadline gone by would wake the driver at once, again and again.
         if let Some(until) = self.paced_until
@@ -436,7 +455,7 @@ impl Core {
 
     /// Whether [`Core::poll`] could hand anything over now: connected, not paused, not stopping.
     fn can_publish(&self) -> bool {
-        self.live.is_some() && !self.stopping && self.paused_until.is_none()
+        self.live.is_some() && !self.stopping && self.paused_until.is_none() && self.quiet_until.is_none()
     }
 
     /// Rows handed over and not yet acknowledged.

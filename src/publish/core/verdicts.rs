@@ -11,7 +11,7 @@ use crate::publish::rows::Unpublishable;
 
 /// A connection that ends this soon after the only message on the wire was written counts against
 /// that message (a broker rejecting a packet closes at once; a flaky link drops at any time).
-const CHOKE_WINDOW: Duration = Duration::from_secs(2);
+pub(super) const CHOKE_WINDOW: Duration = Duration::from_secs(2);
 
 impl Core {
     /// A PUBACK, at `now`.
@@ -123,6 +123,12 @@ impl Core {
                 tracing::warn!(%cause, "not using topic aliases with this broker any more");
             }
             self.aliases_off = true;
+        }
+        if self.quiet_until.take().is_some()
+            && let Some(suspect) = self.suspect.take()
+        {
+            // Ended with nothing on the wire: the broker's doing, and so, as likely, the strikes.
+            tracing::info!(seq = suspect.seq, strikes = suspect.strikes, %cause, "the connection ended before anything was published on it: the suspected message is cleared");
         }
         self.strike(cause, now);
         self.live = None;

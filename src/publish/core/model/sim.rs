@@ -236,7 +236,7 @@ impl World {
             receive_max,
             ..Granted::default()
         };
-        self.core.on_connected(&granted);
+        self.core.on_connected(&granted, self.now);
         self.drive();
     }
 
