@@ -418,6 +418,9 @@ impl Publisher {
     fn on_tick(&mut self, d: &mut Driver) {
         let now = Instant::now();
         d.core.on_tick(now);
+        // What the timers let go (a quiet start over, a quota pause's renewal) goes now, not
+        // at the next wake-up.
+        self.drive(d);
         if now >= d.next_check && d.stopping.is_none() {
             d.next_check = now + self.config.integrity_interval;
             match crate::store::quick_check(&self.conn, self.options.integrity_budget) {

@@ -92,6 +92,11 @@ impl Publish {
 struct Suspect {
     seq: Seq,
     strikes: u32,
+    /// This connection's quiet start held: its end without a strike against the suspect clears
+    /// it (the strikes count connections in a row; and its row may be gone meanwhile).
+    held: bool,
+    /// Connections in a row the broker ended during their quiet start.
+    quiet_drops: u32,
 }
 
 /// A read or a claim asked for and not answered yet: nothing else is decided meanwhile.
@@ -316,6 +321,9 @@ impl Core {
                 "the broker's limits apply (receive maximum, maximum packet size)"
             );
         }
+        if let Some(suspect) = &mut self.suspect {
+            suspect.held = false;
+        }
         self.quiet_until = (self.suspect.is_some() && !crate::mutant::active("suspect-written-at-once"))
             .then(|| now + verdicts::CHOKE_WINDOW);
         if self.quiet_until.is_some() {
@@ -402,6 +410,10 @@ impl Core {
         }
         if self.quiet_until.is_some_and(|t| now >= t) {
             self.quiet_until = None;
+            if let Some(suspect) = &mut self.suspect {
+                suspect.held = true;
+                suspect.quiet_drops = 0;
+            }
         }
         if self.paused_until.as_ref().is_some_and(|(t, _)| now >= *t)
             && let Some((_, why)) = self.paused_until.take()

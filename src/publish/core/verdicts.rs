@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::{Action, Core, Removal, Report, Suspect};
 use crate::mqtt::event::{Cause, CauseKind, PubAck, Verdict};
+use crate::mqtt::tracker::Seq;
 use crate::publish::batch;
 use crate::publish::gaps;
 use crate::publish::rows::Unpublishable;
@@ -12,6 +13,9 @@ use crate::publish::rows::Unpublishable;
 /// A connection that ends this soon after the only message on the wire was written counts against
 /// that message (a broker rejecting a packet closes at once; a flaky link drops at any time).
 pub(super) const CHOKE_WINDOW: Duration = Duration::from_secs(2);
+/// Connections in a row ended during their quiet start that clear a suspect: one could be the
+/// next broker of a failover list, while the first still closes over the message.
+const QUIET_DROPS_CLEAR: u32 = 2;
 
 impl Core {
     /// A PUBACK, at `now`.
@@ -124,13 +128,10 @@ impl Core {
             }
             self.aliases_off = true;
         }
-        if self.quiet_until.take().is_some()
-            && let Some(suspect) = self.suspect.take()
-        {
-            // Ended with nothing on the wire: the broker's doing, and so, as likely, the strikes.
-            tracing::info!(seq = suspect.seq, strikes = suspect.strikes, %cause, "the connection ended before anything was published on it: the suspected message is cleared");
-        }
+        let quiet = self.quiet_until.take().is_some();
+        let before = self.suspect.as_ref().map(|x| (x.seq, x.strikes));
         self.strike(cause, now);
+        self.judge_suspect(quiet, before, cause);
         self.live = None;
         self.awaiting = None;
         self.forget_in_flight();
@@ -139,6 +140,29 @@ impl Core {
         self.paused_until = None;
         self.mark_all();
         self.settled();
+    }
+
+    /// After a connection ended (`quiet`: during its quiet start), what it says of the suspect
+    /// (`before`: its row and strikes when the connection ended). Ended twice in a row by the
+    /// broker before anything was published: the broker is unsteady, and the strikes are as
+    /// likely its doing. Held quiet, then ended without a strike against it: not in a row.
+    fn judge_suspect(&mut self, quiet: bool, before: Option<(Seq, u32)>, cause: &Cause) {
+        let Some(suspect) = &mut self.suspect else {
+            return;
+        };
+        let clear = if quiet && matches!(cause.kind, CauseKind::Lost | CauseKind::Broker) {
+            suspect.quiet_drops += 1;
+            (suspect.quiet_drops >= QUIET_DROPS_CLEAR)
+                .then_some("the broker ended connections before anything was published on them")
+        } else if suspect.held && before == Some((suspect.seq, suspect.strikes)) {
+            Some("a connection held, then ended with no evidence against it")
+        } else {
+            None
+        };
+        if let Some(why) = clear {
+            tracing::info!(seq = suspect.seq, strikes = suspect.strikes, %cause, "{why}: the suspected message is cleared");
+            self.suspect = None;
+        }
     }
 
     /// A gap notice is done with: acknowledged, or (with `failed`) given up on, which loses the
@@ -219,9 +243,15 @@ impl Core {
         let suspect = match &mut self.suspect {
             Some(x) if x.seq == seq => {
                 x.strikes += strikes;
+                x.held = false;
                 x
             }
-            other => other.insert(Suspect { seq, strikes }),
+            other => other.insert(Suspect {
+                seq,
+                strikes,
+                held: false,
+                quiet_drops: 0,
+            }),
         };
         if suspect.strikes < threshold {
             tracing::info!(seq, strikes = suspect.strikes, threshold, %cause, "the oldest unacknowledged message was on the wire when the connection ended");

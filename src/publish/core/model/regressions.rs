@@ -160,3 +160,63 @@ fn a_quota_pause_grows_while_the_broker_stays_over_quota() {
         "the second quota pause did not grow: {pauses:?}"
     );
 }
+
+/// Poison isolation against two brokers at once: one that closes over the message (a strike
+/// each time its quiet start held) interleaved with one that ends every connection during its
+/// quiet start (the next broker of a failover list, flapping) still isolates it; a flapping
+/// broker alone clears the suspicion after two such ends in a row, so it never isolates an
+/// innocent message (mutant `suspect-written-at-once` isolates it at the third connection).
+#[test]
+fn poison_is_isolated_through_a_flapping_broker_and_a_flapping_broker_alone_isolates_nothing() {
+    use std::time::Duration;
+
+    use super::sim::World;
+    use crate::Message;
+    use crate::mqtt::event::Cause;
+
+    let quiet = super::super::verdicts::CHOKE_WINDOW + Duration::from_millis(1);
+    let lost = Cause::new(CauseKind::Lost, "model: the connection dropped");
+    let one_message = || {
+        let mut world = World::new(super::options(), super::relay_config(false, false));
+        world
+            .outbox
+            .transaction(|tx| tx.send(&Message::new(super::TOPICS[0], "k", &1)?))
+            .expect("a message");
+        world.core.on_change();
+        world.drive();
+        world
+    };
+
+    // Closes over it at once (strike), then a flapping broker ends a quiet start, in turn.
+    let mut world = one_message();
+    world.connect(None);
+    world.cut(false, &lost);
+    for _ in 0..2 {
+        world.connect(None);
+        world.cut(false, &lost);
+        world.connect(None);
+        world.advance(quiet);
+        assert_eq!(world.core.in_flight(), 1, "published once the quiet start held");
+        world.cut(false, &lost);
+    }
+    let dead = world.outbox.dead_letters(10).expect("dead letters");
+    assert_eq!(dead.len(), 1, "isolated after three strikes: {dead:#?}");
+
+    // Only a flapping broker: every connection ends soon after it starts.
+    let mut world = one_message();
+    for _ in 0..12 {
+        world.connect(None);
+        world.advance(Duration::from_millis(300));
+        world.cut(false, &lost);
+    }
+    assert!(
+        world.outbox.dead_letters(10).expect("dead letters").is_empty(),
+        "a flapping broker isolated the message"
+    );
+    // The suspicion was cleared, not kept forever: the next connection publishes at once.
+    world.connect(None);
+    assert!(
+        world.core.suspect.is_none() && world.core.in_flight() == 1,
+        "a suspect kept the connection quiet"
+    );
+}
