@@ -129,7 +129,10 @@ impl Core {
             self.aliases_off = true;
         }
         let quiet = self.quiet_until.take().is_some();
-        let before = self.suspect.as_ref().map(|x| (x.seq, x.strikes));
+        let before = self.suspect.as_ref().map(|x| {
+            let in_flight = self.tracker.unacknowledged().any(|seq| seq == x.seq);
+            (x.seq, x.strikes, in_flight)
+        });
         self.strike(cause, now);
         self.judge_suspect(quiet, before, cause);
         self.live = None;
@@ -143,10 +146,12 @@ impl Core {
     }
 
     /// After a connection ended (`quiet`: during its quiet start), what it says of the suspect
-    /// (`before`: its row and strikes when the connection ended). Ended twice in a row by the
-    /// broker before anything was published: the broker is unsteady, and the strikes are as
-    /// likely its doing. Held quiet, then ended without a strike against it: not in a row.
-    fn judge_suspect(&mut self, quiet: bool, before: Option<(Seq, u32)>, cause: &Cause) {
+    /// (`before`: its row, its strikes, and whether it was in flight, when the connection ended).
+    /// Ended twice in a row by the broker before anything was published: the broker is
+    /// unsteady, and the strikes are as likely its doing. Held quiet, then ended without the row
+    /// in flight: not in a row (and its row may have left the outbox). An end with the row in
+    /// flight and no strike (a whole window on the wire, a late drop) keeps the strikes.
+    fn judge_suspect(&mut self, quiet: bool, before: Option<(Seq, u32, bool)>, cause: &Cause) {
         let Some(suspect) = &mut self.suspect else {
             return;
         };
@@ -154,8 +159,8 @@ impl Core {
             suspect.quiet_drops += 1;
             (suspect.quiet_drops >= QUIET_DROPS_CLEAR)
                 .then_some("the broker ended connections before anything was published on them")
-        } else if suspect.held && before == Some((suspect.seq, suspect.strikes)) {
-            Some("a connection held, then ended with no evidence against it")
+        } else if suspect.held && before == Some((suspect.seq, suspect.strikes, false)) {
+            Some("a connection held, then ended without it in flight")
         } else {
             None
         };

@@ -165,7 +165,7 @@ fn a_quota_pause_grows_while_the_broker_stays_over_quota() {
 /// each time its quiet start held) interleaved with one that ends every connection during its
 /// quiet start (the next broker of a failover list, flapping) still isolates it; a flapping
 /// broker alone clears the suspicion after two such ends in a row, so it never isolates an
-/// innocent message (mutant `suspect-written-at-once` isolates it at the third connection).
+/// innocent message (mutant `suspect-written-at-once`, which has no quiet start, fails it).
 #[test]
 fn poison_is_isolated_through_a_flapping_broker_and_a_flapping_broker_alone_isolates_nothing() {
     use std::time::Duration;
@@ -218,5 +218,66 @@ fn poison_is_isolated_through_a_flapping_broker_and_a_flapping_broker_alone_isol
     assert!(
         world.core.suspect.is_none() && world.core.in_flight() == 1,
         "a suspect kept the connection quiet"
+    );
+}
+
+/// What a connection whose quiet start held says of a suspect when it ends with no strike: with
+/// the row gone from the outbox (purged), nothing, and the suspicion is cleared rather than
+/// keeping every later connection quiet; with the row on the wire but dropped too late to blame
+/// it, the strikes are kept.
+#[test]
+fn a_held_connection_clears_a_gone_suspect_and_keeps_one_it_cannot_judge() {
+    use std::time::Duration;
+
+    use super::sim::World;
+    use crate::Message;
+    use crate::mqtt::event::Cause;
+
+    let quiet = super::super::verdicts::CHOKE_WINDOW + Duration::from_millis(1);
+    let lost = Cause::new(CauseKind::Lost, "model: the connection dropped");
+    let struck = || {
+        let mut world = World::new(super::options(), super::relay_config(false, false));
+        world
+            .outbox
+            .transaction(|tx| tx.send(&Message::new(super::TOPICS[0], "k", &1)?))
+            .expect("a message");
+        world.core.on_change();
+        world.drive();
+        world.connect(None);
+        world.cut(false, &lost);
+        assert!(world.core.suspect.is_some(), "a strike");
+        world
+    };
+
+    // Gone: purged while the relay was disconnected.
+    let mut world = struck();
+    world.outbox.purge_pending(None).expect("purge");
+    world.core.on_change();
+    world.connect(None);
+    world.advance(quiet);
+    // The purge's gap notice is what goes out: acknowledged, then the connection ends.
+    world.answer(0);
+    assert_eq!(world.core.in_flight(), 0, "nothing left in flight");
+    world.cut(false, &lost);
+    assert!(
+        world.core.suspect.is_none(),
+        "a suspect whose row is gone was kept"
+    );
+    world.connect(None);
+    assert!(
+        world.core.quiet_until.is_none(),
+        "the next connection is quiet for nothing"
+    );
+
+    // On the wire, but the drop came long after it was written: no evidence either way.
+    let mut world = struck();
+    world.connect(None);
+    world.advance(quiet);
+    assert_eq!(world.core.in_flight(), 1, "published once the quiet start held");
+    world.advance(Duration::from_secs(3));
+    world.cut(false, &lost);
+    assert!(
+        world.core.suspect.as_ref().is_some_and(|x| x.strikes == 1),
+        "the strike was lost over a drop that blames nothing"
     );
 }
