@@ -161,6 +161,28 @@ fn a_quota_pause_grows_while_the_broker_stays_over_quota() {
     );
 }
 
+/// A store holding one plain message, the relay not connected yet.
+fn world_with_one_message() -> super::sim::World {
+    let mut world = super::sim::World::new(super::options(), super::relay_config(false, false));
+    world
+        .outbox
+        .transaction(|tx| tx.send(&crate::Message::new(super::TOPICS[0], "k", &1)?))
+        .expect("a message");
+    world.core.on_change();
+    world.drive();
+    world
+}
+
+/// Just longer than a connection's quiet start while a message is suspected.
+fn past_quiet_start() -> std::time::Duration {
+    super::super::verdicts::CHOKE_WINDOW + std::time::Duration::from_millis(1)
+}
+
+/// A connection that just ended: no reason given, as a broker closing does.
+fn dropped() -> crate::mqtt::event::Cause {
+    crate::mqtt::event::Cause::new(CauseKind::Lost, "model: the connection dropped")
+}
+
 /// Poison isolation against two brokers at once: one that closes over the message (a strike
 /// each time its quiet start held) interleaved with one that ends every connection during its
 /// quiet start (the next broker of a failover list, flapping) still isolates it; a flapping
@@ -170,25 +192,10 @@ fn a_quota_pause_grows_while_the_broker_stays_over_quota() {
 fn poison_is_isolated_through_a_flapping_broker_and_a_flapping_broker_alone_isolates_nothing() {
     use std::time::Duration;
 
-    use super::sim::World;
-    use crate::Message;
-    use crate::mqtt::event::Cause;
-
-    let quiet = super::super::verdicts::CHOKE_WINDOW + Duration::from_millis(1);
-    let lost = Cause::new(CauseKind::Lost, "model: the connection dropped");
-    let one_message = || {
-        let mut world = World::new(super::options(), super::relay_config(false, false));
-        world
-            .outbox
-            .transaction(|tx| tx.send(&Message::new(super::TOPICS[0], "k", &1)?))
-            .expect("a message");
-        world.core.on_change();
-        world.drive();
-        world
-    };
+    let (quiet, lost) = (past_quiet_start(), dropped());
 
     // Closes over it at once (strike), then a flapping broker ends a quiet start, in turn.
-    let mut world = one_message();
+    let mut world = world_with_one_message();
     world.connect(None);
     world.cut(false, &lost);
     for _ in 0..2 {
@@ -203,7 +210,7 @@ fn poison_is_isolated_through_a_flapping_broker_and_a_flapping_broker_alone_isol
     assert_eq!(dead.len(), 1, "isolated after three strikes: {dead:#?}");
 
     // Only a flapping broker: every connection ends soon after it starts.
-    let mut world = one_message();
+    let mut world = world_with_one_message();
     for _ in 0..12 {
         world.connect(None);
         world.advance(Duration::from_millis(300));
@@ -229,20 +236,9 @@ fn poison_is_isolated_through_a_flapping_broker_and_a_flapping_broker_alone_isol
 fn a_held_connection_clears_a_gone_suspect_and_keeps_one_it_cannot_judge() {
     use std::time::Duration;
 
-    use super::sim::World;
-    use crate::Message;
-    use crate::mqtt::event::Cause;
-
-    let quiet = super::super::verdicts::CHOKE_WINDOW + Duration::from_millis(1);
-    let lost = Cause::new(CauseKind::Lost, "model: the connection dropped");
+    let (quiet, lost) = (past_quiet_start(), dropped());
     let struck = || {
-        let mut world = World::new(super::options(), super::relay_config(false, false));
-        world
-            .outbox
-            .transaction(|tx| tx.send(&Message::new(super::TOPICS[0], "k", &1)?))
-            .expect("a message");
-        world.core.on_change();
-        world.drive();
+        let mut world = world_with_one_message();
         world.connect(None);
         world.cut(false, &lost);
         assert!(world.core.suspect.is_some(), "a strike");
