@@ -109,7 +109,7 @@ pub(crate) fn run_handler(
                 select! {
                     recv(stop) -> _ => return Ok(()),
                     // Committed before it was sent: try at once.
-                    recv(arrivals) -> arrival => if arrived(arrival, &mut arrivals) {
+                    recv(arrivals) -> arrival => if received(arrival, &mut arrivals) {
                         version = None;
                     },
                     recv(changes) -> change => if watch_event(change, &mut changes, &mut poll) {
@@ -167,7 +167,7 @@ pub(crate) fn run_handler(
         };
         select! {
             recv(arrivals) -> arrival => {
-                arrived(arrival, &mut arrivals);
+                received(arrival, &mut arrivals);
             }
             recv(changes) -> change => if watch_event(change, &mut changes, &mut poll) {
                 version = None;
@@ -179,23 +179,23 @@ pub(crate) fn run_handler(
     }
 }
 
-/// Whether the intake sent an arrival. When its thread ended (the relay stopping, or a bug), the
-/// closed channel would otherwise read as an arrival at every wait: the thread polls instead.
-fn arrived(arrival: Result<(), RecvError>, arrivals: &mut Receiver<()>) -> bool {
-    if arrival.is_ok() {
+/// Whether a wait's channel sent something. A closed one (its sender's thread ended: the relay
+/// stopping, or a bug) would otherwise wake every later wait at once: it is replaced by one that
+/// never sends.
+fn received(message: Result<(), RecvError>, channel: &mut Receiver<()>) -> bool {
+    if message.is_ok() {
         return true;
     }
-    *arrivals = crossbeam_channel::never();
+    *channel = crossbeam_channel::never();
     false
 }
 
 /// What the file watch sent: `true` for a change. When the watch ended, the thread polls from
 /// then on as if there had never been one.
 fn watch_event(change: Result<(), RecvError>, changes: &mut Receiver<()>, poll: &mut Duration) -> bool {
-    if change.is_ok() {
+    if received(change, changes) {
         return true;
     }
-    *changes = crossbeam_channel::never();
     *poll = SAFETY_POLL;
     false
 }

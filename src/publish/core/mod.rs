@@ -92,8 +92,8 @@ impl Publish {
 struct Suspect {
     seq: Seq,
     strikes: u32,
-    /// This connection's quiet start held: its end without a strike against the suspect clears
-    /// it (the strikes count connections in a row; and its row may be gone meanwhile).
+    /// This connection's quiet start held: its end with the suspect out of flight clears it (the
+    /// strikes count connections in a row; and its row may be gone meanwhile).
     held: bool,
     /// Connections in a row the broker ended during their quiet start.
     quiet_drops: u32,

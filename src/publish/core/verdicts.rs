@@ -129,12 +129,14 @@ impl Core {
             self.aliases_off = true;
         }
         let quiet = self.quiet_until.take().is_some();
-        let before = self.suspect.as_ref().map(|x| {
-            let in_flight = self.tracker.unacknowledged().any(|seq| seq == x.seq);
-            (x.seq, x.strikes, in_flight)
-        });
+        // No strike can fall on a suspect out of flight: whether it was is all that is needed.
+        let out_of_flight = self
+            .suspect
+            .as_ref()
+            .map(|x| x.seq)
+            .filter(|&seq| !self.tracker.unacknowledged().any(|s| s == seq));
         self.strike(cause, now);
-        self.judge_suspect(quiet, before, cause);
+        self.judge_suspect(quiet, out_of_flight, cause);
         self.live = None;
         self.awaiting = None;
         self.forget_in_flight();
@@ -146,12 +148,12 @@ impl Core {
     }
 
     /// After a connection ended (`quiet`: during its quiet start), what it says of the suspect
-    /// (`before`: its row, its strikes, and whether it was in flight, when the connection ended).
+    /// (`out_of_flight`: its row, if it was not in flight when the connection ended).
     /// Ended twice in a row by the broker before anything was published: the broker is
     /// unsteady, and the strikes are as likely its doing. Held quiet, then ended without the row
     /// in flight: not in a row (and its row may have left the outbox). An end with the row in
     /// flight and no strike (a whole window on the wire, a late drop) keeps the strikes.
-    fn judge_suspect(&mut self, quiet: bool, before: Option<(Seq, u32, bool)>, cause: &Cause) {
+    fn judge_suspect(&mut self, quiet: bool, out_of_flight: Option<Seq>, cause: &Cause) {
         let Some(suspect) = &mut self.suspect else {
             return;
         };
@@ -159,7 +161,7 @@ impl Core {
             suspect.quiet_drops += 1;
             (suspect.quiet_drops >= QUIET_DROPS_CLEAR)
                 .then_some("the broker ended connections before anything was published on them")
-        } else if suspect.held && before == Some((suspect.seq, suspect.strikes, false)) {
+        } else if suspect.held && out_of_flight == Some(suspect.seq) {
             Some("a connection held, then ended without it in flight")
         } else {
             None
@@ -248,7 +250,6 @@ impl Core {
         let suspect = match &mut self.suspect {
             Some(x) if x.seq == seq => {
                 x.strikes += strikes;
-                x.held = false;
                 x
             }
             other => other.insert(Suspect {
