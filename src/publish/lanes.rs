@@ -41,6 +41,11 @@ impl Lanes {
             .find(|(_, q)| !q.is_empty())
     }
 
+    /// Whether a row numbered `until` or lower waits in any lane.
+    pub(crate) fn holds_through(&self, until: i64) -> bool {
+        self.queues.iter().flatten().any(|r| r.seq <= until)
+    }
+
     /// The row served next.
     pub(crate) fn front(&self) -> Option<&Ready> {
         self.queues.iter().rev().find_map(VecDeque::front)

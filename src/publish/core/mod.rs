@@ -592,6 +592,17 @@ impl Core {
         self.batches.clear();
     }
 
+    /// Whether every row numbered `until` or lower has been answered or has left the outbox:
+    /// none in flight, none waiting in a lane or held back by the pace, and each lane read past
+    /// it or to its end. Probing ends only then: the answer to a newer row (an alarm served
+    /// first from a higher lane, a gap notice) says nothing of the rows the cut left unjudged.
+    fn probed_through(&self, until: Seq) -> bool {
+        let in_flight = self.tracker.unacknowledged().any(|s| s <= until);
+        let held_back = self.held_back.as_ref().is_some_and(|p| p.row.seq <= until);
+        let unread = (0..LANES).any(|lane| !self.lane_end[lane] && self.cursor[lane] < until);
+        !in_flight && !held_back && !unread && !self.ready.holds_through(until)
+    }
+
     /// The newest row handed over and not yet acknowledged, the rows of batches included.
     fn newest_in_flight(&self) -> Option<Seq> {
         let batched = self

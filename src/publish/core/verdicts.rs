@@ -35,7 +35,14 @@ impl Core {
         if self.suspect.as_ref().is_some_and(|x| x.seq == seq) {
             self.suspect = None;
         }
-        if self.probe_until.is_some_and(|until| newest >= until) {
+        let probed = |until| {
+            if crate::mutant::active("probe-ends-on-newer-ack") {
+                newest >= until
+            } else {
+                self.probed_through(until)
+            }
+        };
+        if self.probe_until.is_some_and(probed) {
             self.probe_until = None;
             if let Some(live) = &mut self.live {
                 live.window = live.full_window;

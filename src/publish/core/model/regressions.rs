@@ -277,3 +277,78 @@ fn a_held_connection_clears_a_gone_suspect_and_keeps_one_it_cannot_judge() {
         "the strike was lost over a drop that blames nothing"
     );
 }
+
+/// A store holding plain messages in lane 0, one per topic of `topics`, the relay not connected.
+fn world_with_messages(topics: &[usize]) -> super::sim::World {
+    let mut world = super::sim::World::new(super::options(), super::relay_config(false, false));
+    world
+        .outbox
+        .transaction(|tx| {
+            for (i, &topic) in topics.iter().enumerate() {
+                tx.send(&crate::Message::new(super::TOPICS[topic], format!("k{i}"), &i)?)?;
+            }
+            Ok::<_, crate::Error>(())
+        })
+        .expect("messages");
+    world.core.on_change();
+    world.drive();
+    world
+}
+
+/// A panic in the words `the_model_catches_every_model_mutant` looks for.
+fn fails_again(what: &str) -> ! {
+    panic!("a regression sequence fails again: {what}")
+}
+
+/// After a connection ends with a window on the wire, the rows it left unjudged are published one
+/// at a time until each was answered, whatever goes out first: an alarm from a higher lane, served
+/// first and acknowledged, does not reopen the window (mutant `probe-ends-on-newer-ack`; with
+/// alarms coming steadily, a poison row in lane 0 would never be on the wire alone). A row of the
+/// cut that left the outbox meanwhile does not keep the window at one.
+#[test]
+fn probing_ends_once_every_row_of_the_cut_was_answered_not_at_a_newer_alarm() {
+    let lost = dropped();
+
+    let mut world = world_with_messages(&[0, 0]);
+    world.connect(None);
+    assert_eq!(world.core.in_flight(), 2, "both rows on the wire");
+    world.cut(false, &lost);
+    assert!(world.core.probe_until.is_some(), "probing after a window was cut");
+    world
+        .outbox
+        .transaction(|tx| {
+            tx.send(&crate::Message::new(super::TOPICS[1], "alarm", &9)?.priority(crate::store::MAX_PRIORITY))
+        })
+        .expect("the alarm is written");
+    world.core.on_change();
+    world.connect(None);
+    assert_eq!(world.core.in_flight(), 1, "one at a time: the alarm first");
+    world.answer(0);
+    for left in [2, 1] {
+        if world.core.in_flight() != 1 || world.core.probe_until.is_none() {
+            fails_again(&format!(
+                "with {left} rows of the cut unanswered, {} rows are on the wire",
+                world.core.in_flight()
+            ));
+        }
+        world.answer(0);
+    }
+    assert!(
+        world.core.probe_until.is_none(),
+        "probing ended with the cut's rows answered"
+    );
+
+    // The newest row of the cut is purged while the relay is away: the oldest one's answer ends
+    // probing.
+    let mut world = world_with_messages(&[0, 1]);
+    world.connect(None);
+    world.cut(false, &lost);
+    world.outbox.purge_pending(Some(super::TOPICS[1])).expect("purge");
+    world.core.on_change();
+    world.connect(None);
+    world.answer(0);
+    assert!(
+        world.core.probe_until.is_none(),
+        "a purged row of the cut kept the window at one"
+    );
+}
