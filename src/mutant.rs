@@ -131,6 +131,9 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // ends every connection soon after accepting it (a cluster moving its queues) gets the
     // innocent message that happened to be on the wire isolated as poison.
     ("suspect-written-at-once", "tests/poison_isolation.rs"),
+    // Rows keep going out one at a time after the poison row the cut's drops were over was
+    // isolated: a window of rows is then published at a window of one.
+    ("probe-kept-after-isolation", "tests/batching.rs"),
     // A durable consumer keeps the verdicts of a transaction that rolled back: the message whose
     // effect failed is a duplicate when it comes again, and its effect never happens.
     ("consumer-kept-after-rollback", "tests/consumer_restart.rs"),

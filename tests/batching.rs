@@ -284,7 +284,22 @@ fn a_poison_row_inside_a_batch_is_isolated_alone() {
     // The first close had a batch on the wire, which blames no row; three with the poison
     // alone on the wire isolate it.
     assert_eq!(proxy.closed_on_publish(), 4);
-    // Batching resumes once past the rows that were in flight.
-    assert!(publishes(&sub).iter().any(|(items, _, _)| items.len() > 1));
+    // Batching resumes once the poison is isolated: the rest of the cut need not be probed.
+    assert!(
+        publishes(&sub).iter().any(|(items, _, _)| items.len() > 1),
+        "batching did not resume after the poison was isolated"
+    );
     relay.shutdown().expect("shutdown");
+}
+
+/// The scenario above fails against the mutant that keeps publishing one row at a time after
+/// the poison was isolated.
+#[test]
+#[cfg(feature = "mutants")]
+fn the_poison_in_a_batch_scenario_catches_its_mutant() -> Result<(), Box<dyn std::error::Error>> {
+    support::mutant::caught_by(
+        "probe-kept-after-isolation",
+        "a_poison_row_inside_a_batch_is_isolated_alone",
+        "batching did not resume after the poison was isolated",
+    )
 }

@@ -279,6 +279,11 @@ impl Core {
             )
         };
         self.suspect = None;
+        // The row the cut's drops were over is found: the rest of the cut need not go out one
+        // at a time. Another poison row among them would show as the next cut with a window.
+        if !crate::mutant::active("probe-kept-after-isolation") {
+            self.probe_until = None;
+        }
         if gaps::is_notice(seq) {
             self.announced(seq, Some(reason));
             return;
