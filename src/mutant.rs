@@ -188,9 +188,9 @@ pub const MODEL_MUTANTS: &[&str] = &[
     // when nothing can follow it: once it has passed, the publisher wakes at once, again and again.
     "stale-pace-deadline",
     // Probing (one row at a time after a connection ended with a window on the wire) ends at the
-    // answer to any newer row: an alarm served first from a higher lane reopens the window before
-    // the cut's rows were each on the wire alone.
-    "probe-ends-on-newer-ack",
+    // first answer on the next connection: an alarm served first from a higher lane reopens the
+    // window before the cut's rows were each on the wire alone.
+    "probe-ends-at-any-answer",
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);

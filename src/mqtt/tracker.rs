@@ -96,13 +96,6 @@ impl Tracker {
         self.on_wire.len()
     }
 
-    /// The newest row handed to rumqttc and not yet acknowledged, on the wire or not.
-    pub(crate) fn newest_in_flight(&self) -> Option<Seq> {
-        let wire = self.on_wire.last_key_value().map(|(&seq, _)| seq);
-        let queued = self.submitted.iter().chain(self.parked.values()).copied().max();
-        wire.max(queued)
-    }
-
     /// The oldest row on the wire and not yet acknowledged, with when it was written.
     pub(crate) fn oldest_on_wire(&self) -> Option<(Seq, Instant)> {
         self.on_wire.first_key_value().map(|(&seq, &at)| (seq, at))

@@ -41,9 +41,9 @@ impl Lanes {
             .find(|(_, q)| !q.is_empty())
     }
 
-    /// Whether a row numbered `until` or lower waits in any lane.
-    pub(crate) fn holds_through(&self, until: i64) -> bool {
-        self.queues.iter().flatten().any(|r| r.seq <= until)
+    /// The queue of lane `lane`, to look at (the lowest for anything above [`MAX_PRIORITY`]).
+    pub(crate) fn queue(&self, lane: usize) -> &VecDeque<Ready> {
+        &self.queues[if lane < LANES { lane } else { 0 }]
     }
 
     /// The row served next.

@@ -17,6 +17,9 @@ impl Core {
         self.awaiting = None;
         self.unclaimed.extend(read.claim.iter().copied());
         self.take_in(read);
+        // A row of a cut that left the outbox while the relay was away shows here, as a lane
+        // read past it.
+        self.end_probe_if_done();
     }
 
     /// The answer to [`Action::Claim`] of `claimed`: the coalescing rows a newer value replaced

@@ -20,6 +20,7 @@ mod action;
 mod intake;
 #[cfg(test)]
 mod model;
+mod probe;
 mod ranges;
 mod verdicts;
 mod window;
@@ -172,9 +173,12 @@ pub(crate) struct Core {
     set_aside: BTreeMap<i64, (i64, i64)>,
     /// The row with strikes against it, if any.
     suspect: Option<Suspect>,
-    /// A connection died with rows on the wire: publish one at a time until a row up to this one
-    /// is acknowledged, so the row the broker chokes on is the only one on the wire when it does.
-    probe_until: Option<Seq>,
+    /// The rows a connection ended over with no telling which one the broker choked on, each
+    /// with its lane: published one at a time until each was answered (see `probe`).
+    probe: BTreeMap<Seq, usize>,
+    /// The lane of each publish in flight taken from a lane above 0, by its first row (lane 0
+    /// is the rest): what `probe` records.
+    upper_lanes: HashMap<Seq, usize>,
     /// Quota exceeded: publish nothing new until then, then renew the connection; and why.
     paused_until: Option<(Instant, String)>,
     /// A suspect stands: this connection first stays up with nothing on the wire until then. One
@@ -223,7 +227,8 @@ impl Core {
             handed: 0,
             set_aside: BTreeMap::new(),
             suspect: None,
-            probe_until: None,
+            probe: BTreeMap::new(),
+            upper_lanes: HashMap::new(),
             paused_until: None,
             quiet_until: None,
             quota_refused_at: None,
@@ -306,9 +311,9 @@ impl Core {
             }
             _ => Aliases::none(),
         };
-        let window = if self.probe_until.is_some() {
+        let window = if self.probing() {
             tracing::info!(
-                "publishing one message at a time until past those in flight when the last connection ended"
+                "publishing one message at a time until each message in flight when the last connection ended is answered"
             );
             1
         } else {
@@ -386,6 +391,7 @@ impl Core {
         for p in withdrawn {
             self.tracker.withdraw(p.seq);
             self.batches.remove(&p.seq);
+            self.upper_lanes.remove(&p.seq);
             self.unacked_at_cut.extend(p.resent);
         }
         self.clear_ready();
@@ -590,26 +596,6 @@ impl Core {
         }
         self.tracker.reset();
         self.batches.clear();
-    }
-
-    /// Whether every row numbered `until` or lower has been answered or has left the outbox:
-    /// none in flight, none waiting in a lane or held back by the pace, and each lane read past
-    /// it or to its end. Probing ends only then: the answer to a newer row (an alarm served
-    /// first from a higher lane, a gap notice) says nothing of the rows the cut left unjudged.
-    fn probed_through(&self, until: Seq) -> bool {
-        let in_flight = self.tracker.unacknowledged().any(|s| s <= until);
-        let held_back = self.held_back.as_ref().is_some_and(|p| p.row.seq <= until);
-        let unread = (0..LANES).any(|lane| !self.lane_end[lane] && self.cursor[lane] < until);
-        !in_flight && !held_back && !unread && !self.ready.holds_through(until)
-    }
-
-    /// The newest row handed over and not yet acknowledged, the rows of batches included.
-    fn newest_in_flight(&self) -> Option<Seq> {
-        let batched = self
-            .batches
-            .values()
-            .filter_map(|rows| rows.last().copied())
-            .max();
-        self.tracker.newest_in_flight().max(batched)
+        self.upper_lanes.clear();
     }
 }

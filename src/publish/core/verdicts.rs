@@ -31,23 +31,13 @@ impl Core {
         };
         // A batch is answered as a whole: every row in it shares the verdict.
         let members = batch::members(&mut self.batches, seq);
-        let newest = members.last().copied().unwrap_or(seq);
         if self.suspect.as_ref().is_some_and(|x| x.seq == seq) {
             self.suspect = None;
         }
-        let probed = |until| {
-            if crate::mutant::active("probe-ends-on-newer-ack") {
-                newest >= until
-            } else {
-                self.probed_through(until)
-            }
-        };
-        if self.probe_until.is_some_and(probed) {
-            self.probe_until = None;
-            if let Some(live) = &mut self.live {
-                live.window = live.full_window;
-            }
+        if !self.upper_lanes.is_empty() {
+            self.upper_lanes.remove(&seq);
         }
+        self.probed(&members);
         self.settled();
         let in_flight = self.tracker.in_flight();
         let held_id = || Cause::new(CauseKind::Retry, "a refused message held a packet id");
@@ -242,15 +232,15 @@ impl Core {
             // A whole window was on the wire: no telling which one. The next connection
             // publishes one at a time, which will.
             _ => {
-                self.probe_until = self.newest_in_flight().max(self.probe_until);
+                self.probe_in_flight();
                 tracing::debug!(on_wire = self.tracker.on_wire(), %cause, "connection lost with a window in flight: narrowing it");
                 return;
             }
         };
-        if let Some(rows) = self.batches.get(&seq) {
+        if self.batches.contains_key(&seq) {
             // Evidence against a batch is none against any one row in it: publish its rows one
             // at a time on the next connection, where a bad one is found alone.
-            self.probe_until = rows.last().copied().max(self.probe_until);
+            self.probe_publish(seq);
             tracing::debug!(%cause, strikes, "the connection ended over a batch: publishing its rows one at a time");
             return;
         }
@@ -281,9 +271,7 @@ impl Core {
         self.suspect = None;
         // The row the cut's drops were over is found: the rest of the cut need not go out one
         // at a time. Another poison row among them would show as the next cut with a window.
-        if !crate::mutant::active("probe-kept-after-isolation") {
-            self.probe_until = None;
-        }
+        self.probe_explained(seq);
         if gaps::is_notice(seq) {
             self.announced(seq, Some(reason));
             return;

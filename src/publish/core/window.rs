@@ -94,7 +94,7 @@ impl Core {
     fn take_next(&mut self, now: Instant) -> Next {
         let properties = self.properties() + self.batch_routing_bytes();
         let json = self.config.format().is_json();
-        let probing = self.probe_until.is_some();
+        let probing = self.probing();
         let Some(live) = &self.live else {
             return Next::Wait;
         };
@@ -135,7 +135,7 @@ impl Core {
 
     /// Queues a publish for the driver and counts it in flight.
     pub(super) fn hand_over(&mut self, publish: Publish, now_ms: i64) {
-        let Publish { row, members, .. } = publish;
+        let Publish { row, members, lane } = publish;
         let Some(live) = &mut self.live else { return };
         let alias = live.aliases.for_topic(&row.topic);
         let expiry = row
@@ -144,6 +144,9 @@ impl Core {
             .map(|t| seconds_left(t, now_ms));
         self.tracker.submit(row.seq);
         let seq = row.seq;
+        if lane > 0 {
+            self.upper_lanes.insert(seq, lane);
+        }
         let rows = match members {
             _ if gaps::is_notice(seq) => Vec::new(),
             Some(m) => m.iter().map(|r| r.seq).collect(),

@@ -278,9 +278,10 @@ fn a_held_connection_clears_a_gone_suspect_and_keeps_one_it_cannot_judge() {
     );
 }
 
-/// A store holding plain messages in lane 0, one per topic of `topics`, the relay not connected.
+/// A store holding plain messages in lane 0, one per topic of `topics`, the relay not connected;
+/// no limit on pending messages (the model's store holds six).
 fn world_with_messages(topics: &[usize]) -> super::sim::World {
-    let mut world = super::sim::World::new(super::options(), super::relay_config(false, false));
+    let mut world = super::sim::World::new(crate::Options::new(), super::relay_config(false, false));
     world
         .outbox
         .transaction(|tx| {
@@ -302,7 +303,7 @@ fn fails_again(what: &str) -> ! {
 
 /// After a connection ends with a window on the wire, the rows it left unjudged are published one
 /// at a time until each was answered, whatever goes out first: an alarm from a higher lane, served
-/// first and acknowledged, does not reopen the window (mutant `probe-ends-on-newer-ack`; with
+/// first and acknowledged, does not reopen the window (mutant `probe-ends-at-any-answer`; with
 /// alarms coming steadily, a poison row in lane 0 would never be on the wire alone). A row of the
 /// cut that left the outbox meanwhile does not keep the window at one.
 #[test]
@@ -313,7 +314,7 @@ fn probing_ends_once_every_row_of_the_cut_was_answered_not_at_a_newer_alarm() {
     world.connect(None);
     assert_eq!(world.core.in_flight(), 2, "both rows on the wire");
     world.cut(false, &lost);
-    assert!(world.core.probe_until.is_some(), "probing after a window was cut");
+    assert!(world.core.probing(), "probing after a window was cut");
     world
         .outbox
         .transaction(|tx| {
@@ -325,7 +326,7 @@ fn probing_ends_once_every_row_of_the_cut_was_answered_not_at_a_newer_alarm() {
     assert_eq!(world.core.in_flight(), 1, "one at a time: the alarm first");
     world.answer(0);
     for left in [2, 1] {
-        if world.core.in_flight() != 1 || world.core.probe_until.is_none() {
+        if world.core.in_flight() != 1 || !world.core.probing() {
             fails_again(&format!(
                 "with {left} rows of the cut unanswered, {} rows are on the wire",
                 world.core.in_flight()
@@ -334,7 +335,7 @@ fn probing_ends_once_every_row_of_the_cut_was_answered_not_at_a_newer_alarm() {
         world.answer(0);
     }
     assert!(
-        world.core.probe_until.is_none(),
+        !world.core.probing(),
         "probing ended with the cut's rows answered"
     );
 
@@ -348,7 +349,71 @@ fn probing_ends_once_every_row_of_the_cut_was_answered_not_at_a_newer_alarm() {
     world.connect(None);
     world.answer(0);
     assert!(
-        world.core.probe_until.is_none(),
+        !world.core.probing(),
         "a purged row of the cut kept the window at one"
+    );
+}
+
+/// Answers the oldest packet on the wire until probing ends, at most `most` times; how many it
+/// took.
+fn answer_until_probed(world: &mut super::sim::World, most: usize) -> usize {
+    for n in 0..=most {
+        if !world.core.probing() {
+            return n;
+        }
+        world.answer(0);
+    }
+    fails_again(&format!(
+        "still publishing one at a time after {most} answers, the cut's rows answered: {:?} left",
+        world.core.probe
+    ))
+}
+
+/// Probing covers the cut's own rows, not every row numbered below the newest of them: an alarm
+/// on the wire at the cut (numbered above the lane-0 backlog behind it) and a gap notice (its
+/// token numbered above every row) each leave the window at one only until the cut's rows were
+/// answered; then the backlog goes out a full window at a time.
+#[test]
+fn probing_covers_the_cut_rows_not_every_row_numbered_below_them() {
+    let lost = dropped();
+
+    // Rows 1 to 3 on the wire; row 1 answered, row 4 follows; the alarm takes row 2's place.
+    let mut world = world_with_messages(&[0; 10]);
+    world.connect(None);
+    world.answer(0);
+    world
+        .outbox
+        .transaction(|tx| {
+            tx.send(&crate::Message::new(super::TOPICS[1], "alarm", &9)?.priority(crate::store::MAX_PRIORITY))
+        })
+        .expect("the alarm is written");
+    world.core.on_change();
+    world.answer(0);
+    assert!(
+        world.core.in_flight() == 3 && !world.core.upper_lanes.is_empty(),
+        "the alarm on the wire with two rows of lane 0"
+    );
+    world.cut(false, &lost);
+    world.connect(None);
+    let took = answer_until_probed(&mut world, 3);
+    assert_eq!(took, 3, "the cut's three rows, one at a time");
+    assert_eq!(
+        world.core.in_flight(),
+        3,
+        "the backlog goes out a full window at a time"
+    );
+
+    // Row 2 purged before the relay connects: its notice goes out between rows 1 and 3.
+    let mut world = world_with_messages(&[0, 1, 0, 0, 0, 0, 0, 0]);
+    world.outbox.purge_pending(Some(super::TOPICS[1])).expect("purge");
+    world.core.on_change();
+    world.connect(None);
+    world.cut(false, &lost);
+    world.connect(None);
+    answer_until_probed(&mut world, 3);
+    assert_eq!(
+        world.core.in_flight(),
+        3,
+        "the backlog goes out a full window at a time"
     );
 }

@@ -1,0 +1,106 @@
+//! Probing: after a connection ended with a window of rows on the wire, which gives no evidence
+//! against any one of them, the next connections publish one row at a time until each of those
+//! rows was answered or has left the outbox, so that the row a broker closes the connection over
+//! is alone on the wire when it does.
+//!
+//! What is probed is the cut's own rows, by lane, not a bound on row numbers: an alarm served
+//! first from a higher lane is newer than the cut's rows of lane 0, and a gap notice's token is
+//! numbered above every row. A bound made either end probing before the cut's rows went out
+//! (the answer to the alarm), or last until the whole backlog below it had gone one at a time.
+
+use super::Core;
+use crate::mqtt::tracker::Seq;
+use crate::publish::gaps;
+
+impl Core {
+    /// Whether rows of an earlier cut are still being published one at a time.
+    pub(super) fn probing(&self) -> bool {
+        !self.probe.is_empty()
+    }
+
+    /// The connection ended with the publishes in flight on the wire and no telling which one the
+    /// broker choked on: probe their rows (a batch's, each), but not gap notices.
+    pub(super) fn probe_in_flight(&mut self) {
+        let publishes: Vec<Seq> = self.tracker.unacknowledged().collect();
+        for seq in publishes {
+            self.probe_publish(seq);
+        }
+    }
+
+    /// Probe the rows of the publish whose first row is `seq` (one row, or a batch).
+    pub(super) fn probe_publish(&mut self, seq: Seq) {
+        if gaps::is_notice(seq) {
+            return;
+        }
+        let lane = self.upper_lanes.get(&seq).copied().unwrap_or(0);
+        match self.batches.get(&seq) {
+            Some(rows) => self.probe.extend(rows.iter().map(|&row| (row, lane))),
+            None => {
+                self.probe.insert(seq, lane);
+            }
+        }
+    }
+
+    /// `rows` were answered (or the poison among them was isolated: `all`). Probing ends once
+    /// none of the cut's rows is left to publish, and the window opens again.
+    pub(super) fn probed(&mut self, rows: &[Seq]) {
+        if !self.probing() {
+            return;
+        }
+        if crate::mutant::active("probe-ends-at-any-answer") {
+            self.probe.clear();
+        }
+        for row in rows {
+            self.probe.remove(row);
+        }
+        if self.probing() {
+            self.end_probe_if_done();
+        } else {
+            self.open_window();
+        }
+    }
+
+    /// Ends probing if every row of the cut has been answered or has left the outbox: none is in
+    /// flight, waits in its lane, is held back by the pace, or lies beyond what its lane has read
+    /// so far on this connection (a lane read to its end holds no more).
+    pub(super) fn end_probe_if_done(&mut self) {
+        if !self.probing() {
+            return;
+        }
+        let in_flight: Vec<Seq> = self
+            .tracker
+            .unacknowledged()
+            .flat_map(|seq| match self.batches.get(&seq) {
+                Some(rows) => rows.clone(),
+                None => vec![seq],
+            })
+            .collect();
+        let held_back = self.held_back.as_ref().map(|p| p.row.seq);
+        let (ready, cursor, lane_end) = (&self.ready, &self.cursor, &self.lane_end);
+        self.probe.retain(|&row, &mut lane| {
+            in_flight.contains(&row)
+                || held_back == Some(row)
+                || ready.queue(lane).iter().any(|r| r.seq == row)
+                || (!lane_end[lane] && cursor[lane] < row)
+        });
+        if self.probe.is_empty() {
+            self.open_window();
+        }
+    }
+
+    fn open_window(&mut self) {
+        if let Some(live) = &mut self.live {
+            live.window = live.full_window;
+        }
+    }
+
+    /// The row the cut's drops were over is found (isolated): the rest of the cut need not go
+    /// out one at a time. Another poison row among them would show as the next cut with a
+    /// window on the wire. A row isolated that was not of the cut says nothing about it.
+    pub(super) fn probe_explained(&mut self, isolated: Seq) {
+        if self.probe.contains_key(&isolated) && !crate::mutant::active("probe-kept-after-isolation") {
+            self.probe.clear();
+            self.open_window();
+        }
+    }
+}
