@@ -12,6 +12,8 @@ pub(crate) const LANES: usize = MAX_PRIORITY as usize + 1;
 #[derive(Default)]
 pub(crate) struct Lanes {
     queues: [VecDeque<Ready>; LANES],
+    /// A lane served before the higher ones while it holds rows (see [`Self::serve_first`]).
+    first: Option<usize>,
 }
 
 impl Lanes {
@@ -29,8 +31,24 @@ impl Lanes {
         &mut self.queues[i]
     }
 
-    /// The highest non-empty lane, served next: its number and its queue.
+    /// Serves `lane` first while it holds rows, whatever its priority (`None`: by priority).
+    /// Probing does: the rows a connection ended over go out before newer rows of higher lanes,
+    /// which would otherwise keep them waiting, one round trip each.
+    pub(crate) fn serve_first(&mut self, lane: Option<usize>) {
+        self.first = lane.filter(|&l| l < LANES);
+    }
+
+    /// The lane served first, if it holds rows.
+    fn first(&self) -> Option<usize> {
+        self.first.filter(|&l| !self.queues[l].is_empty())
+    }
+
+    /// The lane served next, its number and its queue: the highest non-empty lane, unless
+    /// [`Self::serve_first`] named one that holds rows.
     pub(crate) fn front_lane(&mut self) -> Option<(usize, &mut VecDeque<Ready>)> {
+        if let Some(lane) = self.first() {
+            return Some((lane, &mut self.queues[lane]));
+        }
         if crate::mutant::active("lanes-lowest-first") {
             return self.queues.iter_mut().enumerate().find(|(_, q)| !q.is_empty());
         }
@@ -48,6 +66,9 @@ impl Lanes {
 
     /// The row served next.
     pub(crate) fn front(&self) -> Option<&Ready> {
+        if let Some(lane) = self.first() {
+            return self.queues[lane].front();
+        }
         self.queues.iter().rev().find_map(VecDeque::front)
     }
 

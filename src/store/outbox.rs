@@ -194,7 +194,8 @@ impl Message {
 
     /// Sets the message's priority lane, 0 (the default) to [`MAX_PRIORITY`]: with a backlog, the
     /// relay publishes higher lanes first (an alarm does not wait behind a day of telemetry), each
-    /// lane in commit order. Messages of one key keep their order only within a lane: give a key's
+    /// lane in commit order. After a connection ended with a window of messages on the wire, those
+    /// go out first, one at a time, so an alarm waits one round trip for each of them. Messages of one key keep their order only within a lane: give a key's
     /// messages one priority. A priority above [`MAX_PRIORITY`] fails the send with
     /// [`Error::InvalidConfig`].
     ///

@@ -3,10 +3,14 @@
 //! rows was answered or has left the outbox, so that the row a broker closes the connection over
 //! is alone on the wire when it does.
 //!
-//! What is probed is the cut's own rows, by lane, not a bound on row numbers: an alarm served
-//! first from a higher lane is newer than the cut's rows of lane 0, and a gap notice's token is
-//! numbered above every row. A bound made either end probing before the cut's rows went out
-//! (the answer to the alarm), or last until the whole backlog below it had gone one at a time.
+//! What is probed is the cut's own rows, by lane, not a bound on row numbers: an alarm is newer
+//! than the cut's rows of lane 0, and a gap notice's token is numbered above every row. A bound
+//! made either end probing before the cut's rows went out (at the answer to an alarm served
+//! first), or last until the whole backlog below it had gone one at a time. While probing, the
+//! lane of the cut's oldest row is served first: alarms written steadily would otherwise keep
+//! the cut's rows, and the window of one, waiting.
+
+use std::collections::HashSet;
 
 use super::Core;
 use crate::mqtt::tracker::Seq;
@@ -18,8 +22,8 @@ impl Core {
         !self.probe.is_empty()
     }
 
-    /// The connection ended with the publishes in flight on the wire and no telling which one the
-    /// broker choked on: probe their rows (a batch's, each), but not gap notices.
+    /// The connection ended with the publishes handed over and not acknowledged, and no telling
+    /// which one the broker choked on: probe their rows (a batch's, each), but not gap notices.
     pub(super) fn probe_in_flight(&mut self) {
         let publishes: Vec<Seq> = self.tracker.unacknowledged().collect();
         for seq in publishes {
@@ -39,10 +43,11 @@ impl Core {
                 self.probe.insert(seq, lane);
             }
         }
+        self.steer();
     }
 
-    /// `rows` were answered (or the poison among them was isolated: `all`). Probing ends once
-    /// none of the cut's rows is left to publish, and the window opens again.
+    /// `rows` were answered. Probing ends once none of the cut's rows is left to publish, and
+    /// the window opens again.
     pub(super) fn probed(&mut self, rows: &[Seq]) {
         if !self.probing() {
             return;
@@ -53,44 +58,33 @@ impl Core {
         for row in rows {
             self.probe.remove(row);
         }
-        if self.probing() {
-            self.end_probe_if_done();
-        } else {
-            self.open_window();
-        }
+        self.end_probe_if_done();
     }
 
     /// Ends probing if every row of the cut has been answered or has left the outbox: none is in
     /// flight, waits in its lane, is held back by the pace, or lies beyond what its lane has read
     /// so far on this connection (a lane read to its end holds no more).
     pub(super) fn end_probe_if_done(&mut self) {
-        if !self.probing() {
-            return;
+        if self.probing() {
+            let (cursor, lane_end) = (&self.cursor, &self.lane_end);
+            let mut waiting: HashSet<Seq> = self
+                .tracker
+                .unacknowledged()
+                .flat_map(|seq| self.batches.get(&seq).cloned().unwrap_or_else(|| vec![seq]))
+                .chain(self.held_back.as_ref().map(|p| p.row.seq))
+                .collect();
+            let mut lanes: Vec<usize> = self.probe.values().copied().collect();
+            lanes.dedup();
+            for lane in lanes {
+                waiting.extend(self.ready.queue(lane).iter().map(|r| r.seq));
+            }
+            self.probe
+                .retain(|&row, &mut lane| (!lane_end[lane] && cursor[lane] < row) || waiting.contains(&row));
         }
-        let in_flight: Vec<Seq> = self
-            .tracker
-            .unacknowledged()
-            .flat_map(|seq| match self.batches.get(&seq) {
-                Some(rows) => rows.clone(),
-                None => vec![seq],
-            })
-            .collect();
-        let held_back = self.held_back.as_ref().map(|p| p.row.seq);
-        let (ready, cursor, lane_end) = (&self.ready, &self.cursor, &self.lane_end);
-        self.probe.retain(|&row, &mut lane| {
-            in_flight.contains(&row)
-                || held_back == Some(row)
-                || ready.queue(lane).iter().any(|r| r.seq == row)
-                || (!lane_end[lane] && cursor[lane] < row)
-        });
-        if self.probe.is_empty() {
+        if self.probing() {
+            self.steer();
+        } else {
             self.open_window();
-        }
-    }
-
-    fn open_window(&mut self) {
-        if let Some(live) = &mut self.live {
-            live.window = live.full_window;
         }
     }
 
@@ -101,6 +95,22 @@ impl Core {
         if self.probe.contains_key(&isolated) && !crate::mutant::active("probe-kept-after-isolation") {
             self.probe.clear();
             self.open_window();
+        }
+    }
+
+    /// The lane of the oldest row of the cut is served first: newer rows of higher lanes (alarms
+    /// written steadily) would otherwise keep the cut's rows waiting, and the window at one.
+    fn steer(&mut self) {
+        let lane = self.probe.values().next().copied();
+        if !crate::mutant::active("probe-served-by-priority") {
+            self.ready.serve_first(lane);
+        }
+    }
+
+    fn open_window(&mut self) {
+        self.ready.serve_first(None);
+        if let Some(live) = &mut self.live {
+            live.window = live.full_window;
         }
     }
 }
