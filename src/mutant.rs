@@ -191,9 +191,12 @@ pub const MODEL_MUTANTS: &[&str] = &[
     // first answer on the next connection: an alarm served first from a higher lane reopens the
     // window before the cut's rows were each on the wire alone.
     "probe-ends-at-any-answer",
-    // While probing, the highest lane is still served first: with alarms written steadily the
+    // While probing, the highest lane is always served first: with alarms written steadily the
     // cut's rows of lane 0 wait behind them, and the window stays at one.
     "probe-served-by-priority",
+    // While probing, the cut's rows always go first: an alarm waits behind every one of them
+    // (with batches on the wire at the cut, minutes).
+    "probe-without-turns",
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);

@@ -1,5 +1,6 @@
 //! Encoded rows waiting for the window, one queue per priority lane: the highest non-empty lane
-//! is served first, each lane in sequence order (see `Message::priority`).
+//! is served first (unless one is named to go first: probing's turns), each lane in sequence
+//! order (see `Message::priority`).
 
 use std::collections::VecDeque;
 

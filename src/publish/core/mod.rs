@@ -179,6 +179,8 @@ pub(crate) struct Core {
     /// The lane of each publish in flight taken from a lane above 0, by its first row (lane 0
     /// is the rest): what `probe` records.
     upper_lanes: HashMap<Seq, usize>,
+    /// While probing: the next publish is the cut's turn (else the lanes' own order).
+    cut_turn: bool,
     /// Quota exceeded: publish nothing new until then, then renew the connection; and why.
     paused_until: Option<(Instant, String)>,
     /// A suspect stands: this connection first stays up with nothing on the wire until then. One
@@ -229,6 +231,7 @@ impl Core {
             suspect: None,
             probe: BTreeMap::new(),
             upper_lanes: HashMap::new(),
+            cut_turn: true,
             paused_until: None,
             quiet_until: None,
             quota_refused_at: None,

@@ -7,14 +7,14 @@
 //! than the cut's rows of lane 0, and a gap notice's token is numbered above every row. A bound
 //! made either end probing before the cut's rows went out (at the answer to an alarm served
 //! first), or last until the whole backlog below it had gone one at a time. While probing, the
-//! lane of the cut's oldest row is served first: alarms written steadily would otherwise keep
-//! the cut's rows, and the window of one, waiting.
+//! cut's rows and the higher lanes take turns (see `steer`).
 
 use std::collections::HashSet;
 
 use super::Core;
 use crate::mqtt::tracker::Seq;
 use crate::publish::gaps;
+use crate::publish::lanes::LANES;
 
 impl Core {
     /// Whether rows of an earlier cut are still being published one at a time.
@@ -55,9 +55,13 @@ impl Core {
         if crate::mutant::active("probe-ends-at-any-answer") {
             self.probe.clear();
         }
+        let mut of_the_cut = false;
         for row in rows {
-            self.probe.remove(row);
+            of_the_cut |= self.probe.remove(row).is_some();
         }
+        // Turns: after a row of the cut, the lanes' own order (an alarm, if one waits); after
+        // anything else, the cut's lane.
+        self.cut_turn = !of_the_cut || crate::mutant::active("probe-without-turns");
         self.end_probe_if_done();
     }
 
@@ -73,9 +77,11 @@ impl Core {
                 .flat_map(|seq| self.batches.get(&seq).cloned().unwrap_or_else(|| vec![seq]))
                 .chain(self.held_back.as_ref().map(|p| p.row.seq))
                 .collect();
-            let mut lanes: Vec<usize> = self.probe.values().copied().collect();
-            lanes.dedup();
-            for lane in lanes {
+            let mut lanes = [false; LANES];
+            for &lane in self.probe.values() {
+                lanes[lane] = true;
+            }
+            for lane in (0..LANES).filter(|&lane| lanes[lane]) {
                 waiting.extend(self.ready.queue(lane).iter().map(|r| r.seq));
             }
             self.probe
@@ -98,10 +104,12 @@ impl Core {
         }
     }
 
-    /// The lane of the oldest row of the cut is served first: newer rows of higher lanes (alarms
-    /// written steadily) would otherwise keep the cut's rows waiting, and the window at one.
+    /// The cut's rows and the higher lanes take turns: at the cut's turn the lane of its oldest
+    /// row is served first. Served by priority alone, alarms written steadily would keep the
+    /// cut's rows, and the window of one, waiting for good; served first outright, a cut of many
+    /// batched rows would keep an alarm waiting for minutes.
     fn steer(&mut self) {
-        let lane = self.probe.values().next().copied();
+        let lane = self.probe.values().next().copied().filter(|_| self.cut_turn);
         if !crate::mutant::active("probe-served-by-priority") {
             self.ready.serve_first(lane);
         }

@@ -302,9 +302,9 @@ fn fails_again(what: &str) -> ! {
 }
 
 /// After a connection ends with a window on the wire, the rows it left unjudged are published one
-/// at a time until each was answered, before an alarm written since: the first answer does not
-/// reopen the window (mutant `probe-ends-at-any-answer`). A row of the cut that left the outbox
-/// meanwhile does not keep the window at one.
+/// at a time until each was answered, taking turns with an alarm written since: the first answer
+/// does not reopen the window (mutant `probe-ends-at-any-answer`). A row of the cut that left the
+/// outbox meanwhile does not keep the window at one.
 #[test]
 fn probing_ends_once_every_row_of_the_cut_was_answered() {
     let lost = dropped();
@@ -316,10 +316,11 @@ fn probing_ends_once_every_row_of_the_cut_was_answered() {
     assert!(world.core.probing(), "probing after a window was cut");
     write_alarm(&mut world, 0);
     world.connect(None);
-    for left in [2, 1] {
-        if world.core.in_flight() != 1 || !world.core.probing() {
+    // The cut's two rows and the alarm, one at a time.
+    for answered in 0..3 {
+        if world.core.in_flight() != 1 {
             fails_again(&format!(
-                "with {left} rows of the cut unanswered, {} rows are on the wire",
+                "after {answered} answers, with rows of the cut unanswered, {} rows are on the wire",
                 world.core.in_flight()
             ));
         }
@@ -424,26 +425,37 @@ fn write_alarm(world: &mut super::sim::World, n: u32) {
     world.drive();
 }
 
-/// While probing, the cut's rows go out before newer rows of higher lanes: with an alarm written
-/// every round trip, the cut's rows of lane 0 are still answered within as many round trips as
-/// they are (mutant `probe-served-by-priority`: the alarms go first, and the window stays at one
-/// while they keep coming). And alarms cut on the wire are probed in their own lane: lane 0 read
-/// to its end says nothing of them.
+/// While probing, the cut's rows and newer rows of higher lanes take turns: with an alarm written
+/// every round trip, the cut's rows of lane 0 are still answered within two round trips each, and
+/// the alarms wait one each (mutant `probe-served-by-priority`: the alarms always go first, and
+/// the window stays at one while they keep coming; mutant `probe-without-turns`: the cut goes
+/// first, and an alarm waits behind all of it). And alarms cut on the wire are probed in
+/// their own lane: lane 0 read to its end says nothing of them.
 #[test]
-fn probing_serves_the_cut_first_and_probes_alarms_in_their_lane() {
+fn probing_takes_turns_with_alarms_and_probes_alarms_in_their_lane() {
     let lost = dropped();
 
     let mut world = world_with_messages(&[0; 3]);
     world.connect(None);
     world.cut(false, &lost);
     world.connect(None);
-    for n in 0..3 {
+    let alarms_left = |world: &super::sim::World| -> i64 {
+        world
+            .conn
+            .query_row("SELECT count(*) FROM outbox WHERE priority > 0", [], |r| r.get(0))
+            .expect("count")
+    };
+    for n in 0..6 {
         write_alarm(&mut world, n);
         world.answer(0);
+        // Row 1, then the first alarm: it waited one round trip.
+        if n == 1 && alarms_left(&world) != 1 {
+            fails_again("the first alarm waited behind more than one row of the cut");
+        }
     }
     if world.core.probing() {
         fails_again(&format!(
-            "after three answers with an alarm written before each, the cut's rows {:?} still wait",
+            "after six answers with an alarm written before each, the cut's rows {:?} still wait",
             world.core.probe
         ));
     }
