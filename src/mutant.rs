@@ -188,8 +188,8 @@ pub const MODEL_MUTANTS: &[&str] = &[
     // when nothing can follow it: once it has passed, the publisher wakes at once, again and again.
     "stale-pace-deadline",
     // Probing (one row at a time after a connection ended with a window on the wire) ends at the
-    // first answer on the next connection: an alarm served first from a higher lane reopens the
-    // window before the cut's rows were each on the wire alone.
+    // first answer on the next connection: the window reopens before the cut's rows were each on
+    // the wire alone.
     "probe-ends-at-any-answer",
     // While probing, the highest lane is always served first: with alarms written steadily the
     // cut's rows of lane 0 wait behind them, and the window stays at one.

@@ -33,8 +33,8 @@ impl Lanes {
     }
 
     /// Serves `lane` first while it holds rows, whatever its priority (`None`: by priority).
-    /// Probing does: the rows a connection ended over go out before newer rows of higher lanes,
-    /// which would otherwise keep them waiting, one round trip each.
+    /// Probing does at the cut's turn, so that the rows a connection ended over are not kept
+    /// waiting by newer rows of higher lanes for as long as those keep coming.
     pub(crate) fn serve_first(&mut self, lane: Option<usize>) {
         self.first = lane.filter(|&l| l < LANES);
     }

@@ -195,8 +195,8 @@ impl Message {
     /// Sets the message's priority lane, 0 (the default) to [`MAX_PRIORITY`]: with a backlog, the
     /// relay publishes higher lanes first (an alarm does not wait behind a day of telemetry), each
     /// lane in commit order. After a connection ended with a window of messages on the wire, those
-    /// go out one at a time, taking turns with the higher lanes, so an alarm then waits about one
-    /// more round trip. Messages of one key keep their order only within a lane: give a key's
+    /// go out one at a time, taking turns with the higher lanes: an alarm then goes after at most
+    /// one of them. Messages of one key keep their order only within a lane: give a key's
     /// messages one priority. A priority above [`MAX_PRIORITY`] fails the send with
     /// [`Error::InvalidConfig`].
     ///

@@ -46,22 +46,22 @@ impl Core {
         self.steer();
     }
 
-    /// `rows` were answered. Probing ends once none of the cut's rows is left to publish, and
-    /// the window opens again.
-    pub(super) fn probed(&mut self, rows: &[Seq]) {
-        if !self.probing() {
+    /// `rows`, a publish from `lane`, were answered. Probing ends once none of the cut's rows is
+    /// left to publish, and the window opens again.
+    pub(super) fn probed(&mut self, rows: &[Seq], lane: usize) {
+        let Some(&cut_lane) = self.probe.values().next() else {
             return;
-        }
+        };
         if crate::mutant::active("probe-ends-at-any-answer") {
             self.probe.clear();
         }
-        let mut of_the_cut = false;
         for row in rows {
-            of_the_cut |= self.probe.remove(row).is_some();
+            self.probe.remove(row);
         }
-        // Turns: after a row of the cut, the lanes' own order (an alarm, if one waits); after
-        // anything else, the cut's lane.
-        self.cut_turn = !of_the_cut || crate::mutant::active("probe-without-turns");
+        // Turns, by the lane the answered publish was served from: after the cut's lane (a row
+        // of the cut, or a gap notice or row queued before it), the lanes' own order, so a
+        // waiting alarm goes next; after a higher lane, the cut's lane.
+        self.cut_turn = lane > cut_lane || crate::mutant::active("probe-without-turns");
         self.end_probe_if_done();
     }
 
@@ -104,7 +104,7 @@ impl Core {
         }
     }
 
-    /// The cut's rows and the higher lanes take turns: at the cut's turn the lane of its oldest
+    /// The cut's lane and the higher lanes take turns: at the cut's turn the lane of its oldest
     /// row is served first. Served by priority alone, alarms written steadily would keep the
     /// cut's rows, and the window of one, waiting for good; served first outright, a cut of many
     /// batched rows would keep an alarm waiting for minutes.

@@ -34,10 +34,12 @@ impl Core {
         if self.suspect.as_ref().is_some_and(|x| x.seq == seq) {
             self.suspect = None;
         }
-        if !self.upper_lanes.is_empty() {
-            self.upper_lanes.remove(&seq);
-        }
-        self.probed(&members);
+        let lane = if self.upper_lanes.is_empty() {
+            0
+        } else {
+            self.upper_lanes.remove(&seq).unwrap_or(0)
+        };
+        self.probed(&members, lane);
         self.settled();
         let in_flight = self.tracker.in_flight();
         let held_id = || Cause::new(CauseKind::Retry, "a refused message held a packet id");
