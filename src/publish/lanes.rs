@@ -28,8 +28,7 @@ impl Lanes {
 
     /// The queue of lane `lane` (the lowest for anything above [`MAX_PRIORITY`]).
     pub(crate) fn lane(&mut self, lane: usize) -> &mut VecDeque<Ready> {
-        let i = if lane < LANES { lane } else { 0 };
-        &mut self.queues[i]
+        &mut self.queues[index(lane)]
     }
 
     /// Serves `lane` first while it holds rows, whatever its priority (`None`: by priority).
@@ -62,7 +61,7 @@ impl Lanes {
 
     /// The queue of lane `lane`, to look at (the lowest for anything above [`MAX_PRIORITY`]).
     pub(crate) fn queue(&self, lane: usize) -> &VecDeque<Ready> {
-        &self.queues[if lane < LANES { lane } else { 0 }]
+        &self.queues[index(lane)]
     }
 
     /// The row served next.
@@ -102,6 +101,11 @@ impl Lanes {
         });
         true
     }
+}
+
+/// The queue a lane number names: the lowest for anything above [`MAX_PRIORITY`].
+fn index(lane: usize) -> usize {
+    if lane < LANES { lane } else { 0 }
 }
 
 #[cfg(test)]

@@ -62,31 +62,36 @@ impl Core {
         // of the cut, or a gap notice or row queued before it), the lanes' own order, so a
         // waiting alarm goes next; after a higher lane, the cut's lane.
         self.cut_turn = lane > cut_lane || crate::mutant::active("probe-without-turns");
-        self.end_probe_if_done();
+        if self.probing() {
+            self.end_probe_if_done();
+        } else {
+            self.open_window();
+        }
     }
 
     /// Ends probing if every row of the cut has been answered or has left the outbox: none is in
     /// flight, waits in its lane, is held back by the pace, or lies beyond what its lane has read
     /// so far on this connection (a lane read to its end holds no more).
     pub(super) fn end_probe_if_done(&mut self) {
-        if self.probing() {
-            let (cursor, lane_end) = (&self.cursor, &self.lane_end);
-            let mut waiting: HashSet<Seq> = self
-                .tracker
-                .unacknowledged()
-                .flat_map(|seq| self.batches.get(&seq).cloned().unwrap_or_else(|| vec![seq]))
-                .chain(self.held_back.as_ref().map(|p| p.row.seq))
-                .collect();
-            let mut lanes = [false; LANES];
-            for &lane in self.probe.values() {
-                lanes[lane] = true;
-            }
-            for lane in (0..LANES).filter(|&lane| lanes[lane]) {
-                waiting.extend(self.ready.queue(lane).iter().map(|r| r.seq));
-            }
-            self.probe
-                .retain(|&row, &mut lane| (!lane_end[lane] && cursor[lane] < row) || waiting.contains(&row));
+        if !self.probing() {
+            return;
         }
+        let (cursor, lane_end) = (&self.cursor, &self.lane_end);
+        let mut waiting: HashSet<Seq> = self
+            .tracker
+            .unacknowledged()
+            .flat_map(|seq| self.batches.get(&seq).cloned().unwrap_or_else(|| vec![seq]))
+            .chain(self.held_back.as_ref().map(|p| p.row.seq))
+            .collect();
+        let mut lanes = [false; LANES];
+        for &lane in self.probe.values() {
+            lanes[lane] = true;
+        }
+        for lane in (0..LANES).filter(|&lane| lanes[lane]) {
+            waiting.extend(self.ready.queue(lane).iter().map(|r| r.seq));
+        }
+        self.probe
+            .retain(|&row, &mut lane| (!lane_end[lane] && cursor[lane] < row) || waiting.contains(&row));
         if self.probing() {
             self.steer();
         } else {

@@ -1,6 +1,6 @@
 //! Keeping the window full: the next publish, from the lane served next (the highest with rows
-//! ready, or the cut's at its turn while probing), packed into
-//! a batch where a rule says so, held back by the pace, never published once expired.
+//! ready, or the cut's at its turn while probing), packed into a batch where a rule says so,
+//! held back by the pace, never published once expired.
 
 use std::time::Instant;
 

@@ -373,13 +373,7 @@ fn probing_covers_the_cut_rows_not_every_row_numbered_below_them() {
     let mut world = world_with_messages(&[0; 10]);
     world.connect(None);
     world.answer(0);
-    world
-        .outbox
-        .transaction(|tx| {
-            tx.send(&crate::Message::new(super::TOPICS[1], "alarm", &9)?.priority(crate::store::MAX_PRIORITY))
-        })
-        .expect("the alarm is written");
-    world.core.on_change();
+    write_alarm(&mut world, 0);
     world.answer(0);
     assert!(
         world.core.in_flight() == 3 && !world.core.upper_lanes.is_empty(),
@@ -441,8 +435,8 @@ fn write_alarm(world: &mut super::sim::World, n: u32) {
 /// the alarms wait one each (mutant `probe-served-by-priority`: the alarms always go first, and
 /// the window stays at one while they keep coming; mutant `probe-without-turns`: the cut goes
 /// first, and an alarm waits behind all of it). A gap notice ahead of the cut takes the cut's
-/// turn. And alarms cut on the wire are probed in
-/// their own lane: lane 0 read to its end says nothing of them.
+/// turn. And alarms cut on the wire are probed in their own lane: lane 0 read to its end says
+/// nothing of them.
 #[test]
 fn probing_takes_turns_with_alarms_and_probes_alarms_in_their_lane() {
     let lost = dropped();
