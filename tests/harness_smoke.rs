@@ -387,3 +387,43 @@ fn proxy_semantics_over_plain_tcp() -> Result {
     assert!(eof(&mut c) && eof(&mut u));
     Ok(())
 }
+
+#[test]
+fn reserved_ports_lie_below_the_ephemeral_range_and_their_holder_is_found() -> Result {
+    let ephemeral_start: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")?
+        .split_whitespace()
+        .next()
+        .ok_or("empty port range")?
+        .parse()?;
+    let ports = support::ports::reserve(3)?;
+    assert_eq!(ports.len(), 3);
+    let mut distinct = ports.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "{ports:?}");
+    assert!(ports.iter().all(|p| *p < ephemeral_start), "{ports:?}");
+    let listener = std::net::TcpListener::bind(("127.0.0.1", ports[0]))?;
+    assert!(support::ports::owned_by(std::process::id(), ports[0])?);
+    // Another process (init) does not hold it, and nobody holds a port nobody listens on.
+    assert!(!support::ports::owned_by(1, ports[0]).unwrap_or(false));
+    assert!(!support::ports::owned_by(std::process::id(), ports[1])?);
+    drop(listener);
+    Ok(())
+}
+
+#[test]
+fn the_listening_socket_of_a_port_is_read_from_the_kernel_table() {
+    let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+        0: 0100007F:2710 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1\n\
+        1: 0100007F:2710 0100007F:9C40 01 00000000:00000000 00:00000000 00000000     0        0 222 1\n\
+        2: 0100007F:2711 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 333 1\n";
+    assert_eq!(
+        support::ports::listening_inode(table, 10_000).as_deref(),
+        Some("111")
+    );
+    assert_eq!(
+        support::ports::listening_inode(table, 10_001).as_deref(),
+        Some("333")
+    );
+    assert_eq!(support::ports::listening_inode(table, 10_002), None);
+}

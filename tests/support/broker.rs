@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use super::child::ChildGuard;
 use super::mux::ProtocolMux;
+use super::ports;
 
 /// The variable that picks the broker: `mosquitto`, `rumqttd`, or unset (mosquitto if installed).
 pub const BROKER_ENV: &str = "EDGE_OUTBOX_BROKER";
@@ -46,7 +47,8 @@ pub const BROKER_USERS_ENV: &str = "EDGE_OUTBOX_BROKER_USERS";
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a graceful stop may take before the broker is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
-/// Attempts at binding a picked port (another process may take it between the probe and the bind).
+/// Attempts at binding picked ports (another test may draw the same one between the probe and
+/// the bind).
 const BIND_ATTEMPTS: usize = 5;
 
 /// rumqttd's packet limit unless the builder sets one (mosquitto has none by default).
@@ -673,7 +675,16 @@ impl BrokerProcess {
                     Ok(Some(status)) => Some(format!("{kind} exited: {status}")),
                     Ok(None) => None,
                     Err(e) => Some(format!("{kind}: {e}")),
-                })
+                })?;
+                // Accepting is not enough: another process may hold the port.
+                if ports::owned_by(child.id(), p)? {
+                    Ok(())
+                } else {
+                    Err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        format!("port {p} accepts, but {kind} does not hold it"),
+                    ))
+                }
             });
         }
         match ready {
@@ -727,16 +738,8 @@ fn lifeline(pid: u32) -> io::Result<ChildGuard> {
 /// Free loopback ports, one per `true`, all different: the probes are held together, then
 /// closed for the broker to bind (another process may take one meanwhile: the caller retries).
 fn pick_ports<const N: usize>(wanted: [bool; N]) -> io::Result<[Option<u16>; N]> {
-    let mut probes = Vec::new();
-    let mut ports = [None; N];
-    for (i, want) in wanted.into_iter().enumerate() {
-        if want {
-            let probe = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-            ports[i] = Some(probe.local_addr()?.port());
-            probes.push(probe);
-        }
-    }
-    Ok(ports)
+    let mut drawn = ports::reserve(wanted.iter().filter(|w| **w).count())?.into_iter();
+    Ok(wanted.map(|want| if want { drawn.next() } else { None }))
 }
 
 fn loopback(port: u16) -> SocketAddr {

@@ -38,6 +38,7 @@ pub mod ledger;
 pub mod mqtt_proxy;
 pub mod mutant;
 pub mod mux;
+pub mod ports;
 pub mod powercut;
 pub mod proxy;
 pub mod python;

@@ -16,7 +16,7 @@
 
 use std::fs;
 use std::io;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -62,17 +62,6 @@ pub struct RabbitCluster {
     nodes: Vec<Node>,
 }
 
-fn free_ports(n: usize) -> io::Result<Vec<u16>> {
-    // Held together until all are picked, so they are distinct.
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<io::Result<_>>()?;
-    listeners
-        .iter()
-        .map(|l| l.local_addr().map(|a| a.port()))
-        .collect()
-}
-
 fn accepts(port: u16) -> bool {
     TcpStream::connect_timeout(
         &SocketAddr::from(([127, 0, 0, 1], port)),
@@ -96,7 +85,7 @@ impl RabbitCluster {
             edge_outbox::MessageId::new_v7().to_string().replace('-', ""),
         )?;
         fs::set_permissions(&cookie, fs::Permissions::from_mode(0o400))?;
-        let ports = free_ports(10)?;
+        let ports = super::ports::reserve(10)?;
         let epmd_port = ports[9];
         let mut cluster = RabbitCluster {
             epmd_port,
