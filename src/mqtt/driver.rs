@@ -33,6 +33,9 @@ pub(crate) enum Signal {
     /// out: the end of a burst, so the command intake stores what it holds in one transaction
     /// and acknowledges it.
     Quiet,
+    /// Every event of a network read has been handed out (rumqttc holds no more): one that
+    /// forwards events to another thread sends what it gathered now, one message per read.
+    ReadEnd,
 }
 
 /// A live connection, as the session logic sees it.
@@ -376,6 +379,10 @@ impl Driver<'_> {
                 on_signal(Signal::Quiet)?
             } else {
                 flow
+            };
+            let flow = match flow {
+                Flow::Continue if read_done => on_signal(Signal::ReadEnd)?,
+                other => other,
             };
             let flow = match flow {
                 Flow::Continue if read_done => self

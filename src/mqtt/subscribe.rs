@@ -124,7 +124,7 @@ fn run(
                     )));
                 }
             }
-            Signal::Event(_) | Signal::Quiet => {}
+            Signal::Event(_) | Signal::Quiet | Signal::ReadEnd => {}
             Signal::Disconnected(cause) => {
                 tracing::debug!(%cause, "subscriber disconnected");
                 *client = None;

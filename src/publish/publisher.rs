@@ -40,7 +40,8 @@ pub(crate) struct Publisher {
     pub durable_seq: Arc<AtomicI64>,
     pub options: Options,
     pub config: RelayConfig,
-    pub events: Receiver<Signal>,
+    /// The connection's signals, in order, one batch per network read (see `crate::relay`).
+    pub events: Receiver<Vec<Signal>>,
     pub session: Arc<SessionHandle>,
     pub wake: Receiver<()>,
     /// Changes to the file by anyone (see `crate::store::watch`); `None` where it is not watched.
@@ -123,10 +124,10 @@ impl Publisher {
                 self.on_tick(&mut d);
             }
             if burst < EVENT_BURST
-                && let Ok(signal) = self.events.try_recv()
+                && let Ok(signals) = self.events.try_recv()
             {
                 burst += 1;
-                self.handle(&mut d, signal);
+                self.handle_all(&mut d, signals);
                 continue;
             }
             burst = 0;
@@ -139,8 +140,8 @@ impl Publisher {
             }
             .min(self.next_timer(&d).saturating_duration_since(Instant::now()));
             select! {
-                recv(self.events) -> signal => match signal {
-                    Ok(signal) => self.handle(&mut d, signal),
+                recv(self.events) -> signals => match signals {
+                    Ok(signals) => self.handle_all(&mut d, signals),
                     // The connection thread ended (shutdown, or it failed): nothing more will come.
                     Err(_) => break,
                 },
@@ -188,10 +189,17 @@ impl Publisher {
         Ok(())
     }
 
-    /// Performs the core's actions until it has none.
+    /// Performs the core's actions until it has none. The clocks are read again only after an
+    /// action that may take a while (a read, a write, a WAL sync): a hand-over to rumqttc takes
+    /// a moment, and a backlog hands over a window's worth in one go.
     fn drive(&mut self, d: &mut Driver) {
-        while let Some(action) = d.core.poll(Instant::now(), crate::time::now_ms()) {
+        let mut now = (Instant::now(), crate::time::now_ms());
+        while let Some(action) = d.core.poll(now.0, now.1) {
+            let quick = matches!(action, Action::Publish(_));
             self.perform(d, action);
+            if !quick {
+                now = (Instant::now(), crate::time::now_ms());
+            }
         }
     }
 
@@ -342,6 +350,12 @@ impl Publisher {
         }
     }
 
+    fn handle_all(&mut self, d: &mut Driver, signals: Vec<Signal>) {
+        for signal in signals {
+            self.handle(d, signal);
+        }
+    }
+
     fn handle(&mut self, d: &mut Driver, signal: Signal) {
         match signal {
             Signal::Connected(link) => self.on_connected(d, link),
@@ -359,8 +373,9 @@ impl Publisher {
                 }
                 d.core.on_puback(ack, Instant::now());
             }
-            // Only the command intake acts on the end of a burst of deliveries.
-            Signal::Event(_) | Signal::Quiet => {}
+            // Only the command intake acts on the end of a burst of deliveries, and the end of
+            // a read only says when the connection thread sends its batch.
+            Signal::Event(_) | Signal::Quiet | Signal::ReadEnd => {}
             Signal::Disconnected(cause) => {
                 d.core.on_disconnected(&cause, Instant::now());
                 d.client = None;

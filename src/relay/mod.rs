@@ -1,6 +1,7 @@
 //! The relay: background threads that publish the outbox over MQTT and, optionally, receive and
 //! apply commands.
 
+mod forwarder;
 mod reporter;
 
 use std::fmt::Display;
@@ -10,11 +11,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
+use self::forwarder::Forwarder;
 use self::reporter::Reporter;
 use crate::commands::{CommandSession, DeliveryLimits, Handler, Intake, TwoPhase, run_handler};
 use crate::error::{Error, Result};
 use crate::mqtt::backoff::Backoff;
-use crate::mqtt::driver::{Driver, Flow, SessionHandle, Signal};
+use crate::mqtt::driver::{Driver, Flow, SessionHandle};
 pub use crate::mqtt::status::Status;
 use crate::mqtt::status::StatusCell;
 use crate::mqtt::{Role, SessionOptions};
@@ -222,7 +224,8 @@ impl Relay {
                     stop: &stop,
                     backoff,
                 };
-                driver.run(|signal| match intake.as_mut() {
+                let mut forwarder = Forwarder::new(events_tx);
+                let ran = driver.run(|signal| match intake.as_mut() {
                     Some(intake) => {
                         let flow = intake.on_signal(&signal)?;
                         if Intake::takes(&signal) {
@@ -230,11 +233,14 @@ impl Relay {
                         }
                         // The publisher still gets the signal (a PUBACK that ended a burst of
                         // commands) whatever the intake wants of the connection.
-                        let forwarded = forward(&events_tx, signal)?;
+                        let forwarded = forwarder.forward(signal)?;
                         Ok(if flow == Flow::Continue { forwarded } else { flow })
                     }
-                    None => forward(&events_tx, signal),
-                })?;
+                    None => forwarder.forward(signal),
+                });
+                // What the last read brought, when the session ended in the middle of it.
+                forwarder.flush()?;
+                ran?;
                 if let Some(intake) = intake {
                     intake.status.set_commands_connected(false);
                 }
@@ -478,16 +484,6 @@ fn join_thread(handle: JoinHandle<Result<()>>, first_error: &mut Option<Error>) 
         tracing::error!(thread = %name, error = %e, "relay thread failed");
         first_error.get_or_insert(e);
     }
-}
-
-/// The connection thread's side of the publisher channel: every signal goes to the publisher,
-/// in order; once the publisher is gone, the session ends.
-fn forward(events: &Sender<Signal>, signal: Signal) -> Result<Flow> {
-    Ok(if events.send(signal).is_ok() {
-        Flow::Continue
-    } else {
-        Flow::Stop
-    })
 }
 
 /// The store's options as the publisher applies them: with a cloud profile, the cloud's topic
