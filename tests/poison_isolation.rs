@@ -180,13 +180,28 @@ fn a_row_that_is_never_acknowledged_is_isolated_through_the_ack_timeout() {
     let relay = Relay::start(&outbox, config).expect("relay");
 
     check::wait_and_check(&sub, &good, WAIT).expect("every other row delivered");
-    assert!(wait_drained(&outbox, WAIT));
+    assert!(
+        wait_drained(&outbox, WAIT),
+        "the row never acknowledged was not set aside: the relay waits on it"
+    );
     let dead = outbox.dead_letters(10).expect("dead letters");
     assert_eq!(dead.len(), 1, "{dead:#?}");
     assert_eq!(dead[0].message_id, Some(poison));
     assert!(dead[0].reason.contains("no PUBACK within"), "{}", dead[0].reason);
     assert_eq!(proxy.swallowed(), 3, "published three times, then set aside");
     relay.shutdown().expect("shutdown");
+}
+
+/// The scenario above fails against the mutant that breaks it: the report that the row was
+/// written, from which its ack timeout counts, held back until the broker sends something.
+#[test]
+#[cfg(feature = "mutants")]
+fn the_never_acknowledged_scenario_catches_its_mutant() -> Result<(), Box<dyn std::error::Error>> {
+    support::mutant::caught_by(
+        "reports-wait-for-news",
+        "a_row_that_is_never_acknowledged_is_isolated_through_the_ack_timeout",
+        "was not set aside",
+    )
 }
 
 #[test]

@@ -142,7 +142,7 @@ impl Intake {
                 }
             }
             Signal::Quiet => return self.store_and_ack(),
-            Signal::Event(_) | Signal::ReadEnd => {}
+            Signal::Event(_) | Signal::ReadEnd | Signal::Idle => {}
             Signal::Disconnected(cause) => {
                 // The connection failed with a burst held: stored now, unacknowledged (the
                 // connection is gone). A broker that keeps the session sends it again and the

@@ -1,6 +1,8 @@
 //! The two rumqttc clients (MQTT 3.1.1 and 5) behind one small interface: build a fresh client
 //! and connection for each connection attempt, publish, subscribe, acknowledge, disconnect.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -333,12 +335,16 @@ impl SessionOptions {
                 // hold them back waiting for the broker's TCP ack, stalling a backlog.
                 net.set_tcp_nodelay(self.commands);
                 connection.eventloop.set_network_options(net);
-                (MqttClient::V4(client), Connection::V4(Box::new(connection)))
+                (Inner::V4(client), Connection::V4(Box::new(connection)))
             }
             Options::V5(o) => {
                 let (client, connection) = rumqttc::v5::Client::new(*o, self.request_capacity);
-                (MqttClient::V5(client), Connection::V5(Box::new(connection)))
+                (Inner::V5(client), Connection::V5(Box::new(connection)))
             }
+        };
+        let client = MqttClient {
+            inner: client,
+            queued: QueuedPublishes::default(),
         };
         Ok(Opened {
             client,
@@ -438,17 +444,45 @@ fn packet_u32(bytes: usize) -> u32 {
 /// A handle on one connection's request channel. Every method is non-blocking: the driver
 /// thread uses it too, and a blocking call there deadlocks when the channel is full.
 #[derive(Clone)]
-pub(crate) enum MqttClient {
+pub(crate) struct MqttClient {
+    inner: Inner,
+    /// Publishes queued and not yet taken by the event loop: see [`QueuedPublishes`].
+    queued: QueuedPublishes,
+}
+
+#[derive(Clone)]
+enum Inner {
     V4(rumqttc::Client),
     V5(rumqttc::v5::Client),
 }
 
 impl std::fmt::Debug for MqttClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            MqttClient::V4(_) => "MqttClient(3.1.1)",
-            MqttClient::V5(_) => "MqttClient(5)",
+        f.write_str(match self.inner {
+            Inner::V4(_) => "MqttClient(3.1.1)",
+            Inner::V5(_) => "MqttClient(5)",
         })
+    }
+}
+
+/// How many publishes one client queued that its event loop has not taken yet. Each one queued
+/// comes out of the event loop as an outgoing `Published` (or `AwaitAck`, when its packet id is
+/// still in use) or the connection fails; whoever reads those events calls
+/// [`QueuedPublishes::taken`]. While some are queued, the event loop writes the next without
+/// waiting for the network, so the connection thread can hold what it forwards a moment longer.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct QueuedPublishes(Arc<AtomicUsize>);
+
+impl QueuedPublishes {
+    /// The event loop took one (never below zero).
+    pub(crate) fn taken(&self) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    pub(crate) fn any(&self) -> bool {
+        self.0.load(Ordering::Acquire) > 0
     }
 }
 
@@ -489,12 +523,14 @@ impl MqttClient {
         payload: impl Into<Bytes>,
         extra: Extra<'_>,
     ) -> Result<(), NotQueued> {
-        let queued = match self {
-            MqttClient::V4(c) => c.try_publish(topic, qos, retain, payload.into()).is_ok(),
-            MqttClient::V5(c) if extra.is_empty() => {
+        // Counted before it is queued, so the event loop never takes one not counted yet.
+        self.queued.0.fetch_add(1, Ordering::AcqRel);
+        let queued = match &self.inner {
+            Inner::V4(c) => c.try_publish(topic, qos, retain, payload.into()).is_ok(),
+            Inner::V5(c) if extra.is_empty() => {
                 c.try_publish(topic, v5_qos(qos), retain, payload.into()).is_ok()
             }
-            MqttClient::V5(c) => {
+            Inner::V5(c) => {
                 let (user_properties, content_type) = match extra.routing {
                     Some(r) => (
                         r.pairs
@@ -522,14 +558,24 @@ impl MqttClient {
                     .is_ok()
             }
         };
-        if queued { Ok(()) } else { Err(NotQueued) }
+        if queued {
+            Ok(())
+        } else {
+            self.queued.taken();
+            Err(NotQueued)
+        }
+    }
+
+    /// The count of this client's publishes not yet taken by its event loop.
+    pub(crate) fn queued_publishes(&self) -> QueuedPublishes {
+        self.queued.clone()
     }
 
     /// Queues a QoS 1 subscription.
     pub(crate) fn try_subscribe(&self, filter: &str) -> Result<(), NotQueued> {
-        match self {
-            MqttClient::V4(c) => c.try_subscribe(filter, QoS::AtLeastOnce).map_err(|_| NotQueued),
-            MqttClient::V5(c) => c
+        match &self.inner {
+            Inner::V4(c) => c.try_subscribe(filter, QoS::AtLeastOnce).map_err(|_| NotQueued),
+            Inner::V5(c) => c
                 .try_subscribe(filter, v5_qos(QoS::AtLeastOnce))
                 .map_err(|_| NotQueued),
         }
@@ -537,9 +583,9 @@ impl MqttClient {
 
     /// Queues the acknowledgement of a delivery (manual acks).
     pub(crate) fn try_ack(&self, delivery: &Delivery) -> Result<(), NotQueued> {
-        match (self, &delivery.raw) {
-            (MqttClient::V4(c), RawPublish::V4(p)) => c.try_ack(p).map_err(|_| NotQueued),
-            (MqttClient::V5(c), RawPublish::V5(p)) => c.try_ack(p).map_err(|_| NotQueued),
+        match (&self.inner, &delivery.raw) {
+            (Inner::V4(c), RawPublish::V4(p)) => c.try_ack(p).map_err(|_| NotQueued),
+            (Inner::V5(c), RawPublish::V5(p)) => c.try_ack(p).map_err(|_| NotQueued),
             // A delivery from a connection of the other protocol cannot be acknowledged here.
             _ => Err(NotQueued),
         }
@@ -547,9 +593,9 @@ impl MqttClient {
 
     /// Queues a DISCONNECT.
     pub(crate) fn try_disconnect(&self) -> Result<(), NotQueued> {
-        match self {
-            MqttClient::V4(c) => c.try_disconnect().map_err(|_| NotQueued),
-            MqttClient::V5(c) => c.try_disconnect().map_err(|_| NotQueued),
+        match &self.inner {
+            Inner::V4(c) => c.try_disconnect().map_err(|_| NotQueued),
+            Inner::V5(c) => c.try_disconnect().map_err(|_| NotQueued),
         }
     }
 }

@@ -33,9 +33,11 @@ pub(crate) enum Signal {
     /// out: the end of a burst, so the command intake stores what it holds in one transaction
     /// and acknowledges it.
     Quiet,
-    /// Every event of a network read has been handed out (rumqttc holds no more): one that
-    /// forwards events to another thread sends what it gathered now, one message per read.
+    /// Every event of a network read, or of a request written, has been handed out (rumqttc
+    /// holds no more): one that forwards events to another thread may send what it gathered.
     ReadEnd,
+    /// Nothing came within the driver's wait: whatever is held back goes now.
+    Idle,
 }
 
 /// A live connection, as the session logic sees it.
@@ -313,6 +315,7 @@ impl Driver<'_> {
             let step = match connection.recv(connected, wait) {
                 // Every client handle was dropped: cannot happen while `client` lives.
                 Recv::Closed => return Ok(End::Done),
+                Recv::Idle if on_signal(Signal::Idle)? == Flow::Stop => return Ok(End::Stop),
                 Recv::Idle => match self.handle.take_reconnect() {
                     Some(cause) => return failed(connection, on_signal, cause, connected, healthy),
                     None => {

@@ -18,7 +18,7 @@ mod tls;
 pub(crate) mod tracker;
 
 pub(crate) use aliases::Aliases;
-pub(crate) use client::{Extra, MqttClient, Recv, Role, SessionOptions};
+pub(crate) use client::{Extra, MqttClient, QueuedPublishes, Recv, Role, SessionOptions};
 pub use config::{MqttConfig, Protocol, redact_url};
 #[cfg(feature = "http-proxy")]
 pub use proxy::HttpProxy;

@@ -124,7 +124,7 @@ fn run(
                     )));
                 }
             }
-            Signal::Event(_) | Signal::Quiet | Signal::ReadEnd => {}
+            Signal::Event(_) | Signal::Quiet | Signal::ReadEnd | Signal::Idle => {}
             Signal::Disconnected(cause) => {
                 tracing::debug!(%cause, "subscriber disconnected");
                 *client = None;

@@ -373,9 +373,9 @@ impl Publisher {
                 }
                 d.core.on_puback(ack, Instant::now());
             }
-            // Only the command intake acts on the end of a burst of deliveries, and the end of
-            // a read only says when the connection thread sends its batch.
-            Signal::Event(_) | Signal::Quiet | Signal::ReadEnd => {}
+            // Only the command intake acts on the end of a burst of deliveries; the ends of reads
+            // and idle waits only say when the connection thread sends what it gathered.
+            Signal::Event(_) | Signal::Quiet | Signal::ReadEnd | Signal::Idle => {}
             Signal::Disconnected(cause) => {
                 d.core.on_disconnected(&cause, Instant::now());
                 d.client = None;
