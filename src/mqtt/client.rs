@@ -474,6 +474,11 @@ impl std::fmt::Debug for MqttClient {
 pub(crate) struct QueuedPublishes(Arc<AtomicUsize>);
 
 impl QueuedPublishes {
+    /// One more is queued.
+    pub(crate) fn queued(&self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// The event loop took one (never below zero).
     pub(crate) fn taken(&self) {
         let _ = self
@@ -524,7 +529,7 @@ impl MqttClient {
         extra: Extra<'_>,
     ) -> Result<(), NotQueued> {
         // Counted before it is queued, so the event loop never takes one not counted yet.
-        self.queued.0.fetch_add(1, Ordering::AcqRel);
+        self.queued.queued();
         let queued = match &self.inner {
             Inner::V4(c) => c.try_publish(topic, qos, retain, payload.into()).is_ok(),
             Inner::V5(c) if extra.is_empty() => {

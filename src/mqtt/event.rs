@@ -2,6 +2,7 @@
 //! translated from rumqttc's v4 (MQTT 3.1.1) and v5 events.
 
 use std::fmt;
+use std::time::Instant;
 
 use bytes::Bytes;
 use rumqttc::v5::mqttbytes::v5 as v5p;
@@ -18,8 +19,10 @@ pub(crate) enum Step {
 /// What a session sees on its connection, in order.
 #[derive(Debug)]
 pub(crate) enum Event {
-    /// An outgoing PUBLISH was written with this packet id (0 for QoS 0).
-    Published(u16),
+    /// An outgoing PUBLISH was written with this packet id (0 for QoS 0), at this time (read on
+    /// the connection's thread: whoever handles the event may get it later, see
+    /// `crate::relay`'s forwarder).
+    Published(u16, Instant),
     /// Packet-id collision: the next publish waits for this id's PUBACK (rumqttc sends it later,
     /// reported by a `Published` with the same id).
     AwaitAck(u16),
@@ -250,7 +253,7 @@ pub(crate) fn from_v4(event: rumqttc::Event) -> Step {
                 })
                 .collect(),
         ),
-        E::Outgoing(O::Publish(pkid)) => Event::Published(pkid),
+        E::Outgoing(O::Publish(pkid)) => Event::Published(pkid, Instant::now()),
         E::Outgoing(O::AwaitAck(pkid)) => Event::AwaitAck(pkid),
         E::Outgoing(O::PubAck(pkid)) => Event::AckSent(pkid),
         E::Outgoing(O::Disconnect) => Event::DisconnectSent,
@@ -296,7 +299,7 @@ pub(crate) fn from_v5(event: rumqttc::v5::Event) -> Step {
                 })
                 .collect(),
         ),
-        E::Outgoing(O::Publish(pkid)) => Event::Published(pkid),
+        E::Outgoing(O::Publish(pkid)) => Event::Published(pkid, Instant::now()),
         E::Outgoing(O::AwaitAck(pkid)) => Event::AwaitAck(pkid),
         E::Outgoing(O::PubAck(pkid)) => Event::AckSent(pkid),
         E::Outgoing(O::Disconnect) => Event::DisconnectSent,

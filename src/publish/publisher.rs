@@ -359,8 +359,8 @@ impl Publisher {
     fn handle(&mut self, d: &mut Driver, signal: Signal) {
         match signal {
             Signal::Connected(link) => self.on_connected(d, link),
-            Signal::Event(Event::Published(pkid)) => {
-                d.core.on_published(pkid, Instant::now());
+            Signal::Event(Event::Published(pkid, written)) => {
+                d.core.on_published(pkid, written);
                 // On the wire, not yet acknowledged (QoS 0 status messages report id 0).
                 if pkid != 0 {
                     crate::failpoint::hit("after-publish-before-puback");

@@ -6,10 +6,12 @@
 //!   (`Signal::ReadEnd`): under load a read brings several PUBACKs.
 //! - rumqttc writes one queued publish per step and reports each (`Published`). While more of
 //!   the publisher's publishes are queued, it writes the next without waiting for the network,
-//!   so those reports are held until the queue is empty or something else comes.
-//! - Anything held goes when the wait for the next event passes with nothing (`Signal::Idle`),
-//!   so a report is never held longer than one wait: the publisher's ack timeout counts from it.
+//!   so those reports are held until the queue is empty, anything else comes, they are
+//!   [`MAX_HOLD`] old, or the driver's wait passes with nothing (`Signal::Idle`). A report
+//!   carries the time of its write, so holding it changes no timeout or latency.
 //! - A connection's start and end go at once.
+
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
@@ -18,13 +20,23 @@ use crate::mqtt::QueuedPublishes;
 use crate::mqtt::driver::{Flow, Signal};
 use crate::mqtt::event::Event;
 
+/// Reports are held no longer than this, whatever is still queued (a slow uplink writes a window
+/// of large publishes slowly; in a shared session, acks for commands queue among the publishes).
+const MAX_HOLD: Duration = Duration::from_millis(20);
+
 pub(super) struct Forwarder {
     events: Sender<Vec<Signal>>,
     held: Vec<Signal>,
+    /// When the oldest report held was written.
+    held_since: Option<Instant>,
     /// The current connection's publishes not yet taken by its event loop.
     queued: Option<QueuedPublishes>,
+    /// A publish rumqttc parked on a packet id still in use: counted as taken when parked, so its
+    /// `Published` when the id is freed is not counted again.
+    parked: Option<u16>,
     /// What is held includes more than reports of publishes written: it goes at the read's end.
     urgent: bool,
+    max_hold: Duration,
 }
 
 impl Forwarder {
@@ -32,8 +44,11 @@ impl Forwarder {
         Forwarder {
             events,
             held: Vec::new(),
+            held_since: None,
             queued: None,
+            parked: None,
             urgent: false,
+            max_hold: MAX_HOLD,
         }
     }
 
@@ -41,7 +56,11 @@ impl Forwarder {
         match signal {
             Signal::ReadEnd => {
                 let more_publishes = self.queued.as_ref().is_some_and(QueuedPublishes::any);
-                if self.urgent || !(more_publishes || reports_wait_for_news()) {
+                let hold = (more_publishes || reports_wait_for_news())
+                    && self
+                        .held_since
+                        .is_none_or(|t| t.elapsed() < self.max_hold || reports_wait_for_news());
+                if self.urgent || !hold {
                     self.flush()
                 } else {
                     Ok(Flow::Continue)
@@ -53,11 +72,19 @@ impl Forwarder {
             Signal::Quiet => Ok(Flow::Continue),
             Signal::Event(event) => {
                 match &event {
-                    Event::Published(_) => self.taken(),
+                    Event::Published(pkid, written) => {
+                        if self.parked == Some(*pkid) {
+                            self.parked = None;
+                        } else {
+                            self.taken();
+                        }
+                        self.held_since.get_or_insert(*written);
+                    }
                     // Its packet id is still in use: rumqttc takes no request until an ack
                     // frees it, so nothing more follows without the network.
-                    Event::AwaitAck(_) => {
+                    Event::AwaitAck(pkid) => {
                         self.taken();
+                        self.parked = Some(*pkid);
                         self.urgent = true;
                     }
                     _ => self.urgent = true,
@@ -67,6 +94,7 @@ impl Forwarder {
             }
             Signal::Connected(link) => {
                 self.queued = Some(link.client.queued_publishes());
+                self.parked = None;
                 self.held.push(Signal::Connected(link));
                 self.flush()
             }
@@ -78,9 +106,20 @@ impl Forwarder {
         }
     }
 
+    /// Sends what is held if it is more than reports of publishes written: before the command
+    /// intake commits on this thread, so that the publisher's PUBACKs never wait on that commit.
+    pub(super) fn flush_urgent(&mut self) -> Result<Flow> {
+        if self.urgent {
+            self.flush()
+        } else {
+            Ok(Flow::Continue)
+        }
+    }
+
     /// Sends what is held, if anything: also once the session is over.
     pub(super) fn flush(&mut self) -> Result<Flow> {
         self.urgent = false;
+        self.held_since = None;
         if self.held.is_empty() {
             return Ok(Flow::Continue);
         }
@@ -103,4 +142,127 @@ impl Forwarder {
 /// something, however long: a publish it never answers is never timed out.
 fn reports_wait_for_news() -> bool {
     crate::mutant::active("reports-wait-for-news")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mqtt::event::{Cause, CauseKind};
+    use crossbeam_channel::{Receiver, unbounded};
+
+    fn forwarder(queued: &QueuedPublishes, max_hold: Duration) -> (Forwarder, Receiver<Vec<Signal>>) {
+        let (tx, rx) = unbounded();
+        let mut f = Forwarder::new(tx);
+        f.queued = Some(queued.clone());
+        f.max_hold = max_hold;
+        (f, rx)
+    }
+
+    fn published(f: &mut Forwarder, pkid: u16) {
+        let flow = f.forward(Signal::Event(Event::Published(pkid, Instant::now())));
+        assert!(matches!(flow, Ok(Flow::Continue)));
+        assert!(matches!(f.forward(Signal::ReadEnd), Ok(Flow::Continue)));
+    }
+
+    /// The packet ids of the `Published` reports in each batch sent.
+    fn batches(rx: &Receiver<Vec<Signal>>) -> Vec<Vec<u16>> {
+        rx.try_iter()
+            .map(|batch| {
+                batch
+                    .iter()
+                    .map(|s| match s {
+                        Signal::Event(Event::Published(pkid, _)) => *pkid,
+                        Signal::Event(Event::AwaitAck(_)) => 1000,
+                        Signal::Disconnected(_) => 2000,
+                        _ => 3000,
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn queue(queued: &QueuedPublishes, n: usize) {
+        for _ in 0..n {
+            queued.queued();
+        }
+    }
+
+    #[test]
+    fn reports_are_held_while_publishes_are_queued_and_sent_when_the_queue_is_empty() {
+        let queued = QueuedPublishes::default();
+        let (mut f, rx) = forwarder(&queued, Duration::from_secs(3600));
+        queue(&queued, 3);
+        published(&mut f, 1);
+        published(&mut f, 2);
+        assert!(batches(&rx).is_empty(), "held while one more is queued");
+        published(&mut f, 3);
+        assert_eq!(batches(&rx), vec![vec![1, 2, 3]]);
+        assert!(!queued.any());
+    }
+
+    #[test]
+    fn anything_but_a_report_goes_at_the_read_end_and_takes_the_held_reports_along() {
+        let queued = QueuedPublishes::default();
+        let (mut f, rx) = forwarder(&queued, Duration::from_secs(3600));
+        queue(&queued, 5);
+        published(&mut f, 1);
+        let _ = f.forward(Signal::Event(Event::DisconnectSent));
+        assert!(batches(&rx).is_empty(), "not before the read's end");
+        let _ = f.forward(Signal::ReadEnd);
+        assert_eq!(batches(&rx), vec![vec![1, 3000]]);
+    }
+
+    #[test]
+    fn an_idle_wait_sends_what_is_held() {
+        let queued = QueuedPublishes::default();
+        let (mut f, rx) = forwarder(&queued, Duration::from_secs(3600));
+        queue(&queued, 5);
+        published(&mut f, 1);
+        assert!(batches(&rx).is_empty());
+        let _ = f.forward(Signal::Idle);
+        assert_eq!(batches(&rx), vec![vec![1]]);
+    }
+
+    #[test]
+    fn reports_are_held_no_longer_than_the_bound() {
+        let queued = QueuedPublishes::default();
+        let (mut f, rx) = forwarder(&queued, Duration::ZERO);
+        queue(&queued, 5);
+        published(&mut f, 1);
+        published(&mut f, 2);
+        assert_eq!(batches(&rx), vec![vec![1], vec![2]]);
+    }
+
+    #[test]
+    fn the_end_of_a_connection_goes_at_once_after_what_was_held() {
+        let queued = QueuedPublishes::default();
+        let (mut f, rx) = forwarder(&queued, Duration::from_secs(3600));
+        queue(&queued, 5);
+        published(&mut f, 1);
+        let _ = f.forward(Signal::Disconnected(Cause::new(CauseKind::Retry, "gone")));
+        assert_eq!(batches(&rx), vec![vec![1, 2000]]);
+        // The next connection's reports are not held on the old one's count.
+        published(&mut f, 2);
+        assert_eq!(batches(&rx), vec![vec![2]]);
+    }
+
+    #[test]
+    fn a_parked_publish_is_counted_once() {
+        let queued = QueuedPublishes::default();
+        let (mut f, rx) = forwarder(&queued, Duration::from_secs(3600));
+        queue(&queued, 3);
+        let _ = f.forward(Signal::Event(Event::AwaitAck(7)));
+        let _ = f.forward(Signal::ReadEnd);
+        assert_eq!(
+            batches(&rx),
+            vec![vec![1000]],
+            "a collision goes at the read's end"
+        );
+        // The ack freed id 7: rumqttc writes the parked publish, then the two still queued.
+        published(&mut f, 7);
+        published(&mut f, 8);
+        assert!(batches(&rx).is_empty(), "one still queued: {:?}", queued.any());
+        published(&mut f, 9);
+        assert_eq!(batches(&rx), vec![vec![7, 8, 9]]);
+    }
 }

@@ -16,7 +16,8 @@ use self::reporter::Reporter;
 use crate::commands::{CommandSession, DeliveryLimits, Handler, Intake, TwoPhase, run_handler};
 use crate::error::{Error, Result};
 use crate::mqtt::backoff::Backoff;
-use crate::mqtt::driver::{Driver, Flow, SessionHandle};
+use crate::mqtt::driver::{Driver, Flow, SessionHandle, Signal};
+use crate::mqtt::event::Event;
 pub use crate::mqtt::status::Status;
 use crate::mqtt::status::StatusCell;
 use crate::mqtt::{Role, SessionOptions};
@@ -227,6 +228,16 @@ impl Relay {
                 let mut forwarder = Forwarder::new(events_tx);
                 let ran = driver.run(|signal| match intake.as_mut() {
                     Some(intake) => {
+                        // The intake may commit now (a burst's end or a full burst, the
+                        // connection's end): PUBACKs already read go first, so that marking
+                        // never waits on that commit.
+                        if matches!(
+                            signal,
+                            Signal::Quiet | Signal::Event(Event::Delivery(_)) | Signal::Disconnected(_)
+                        ) && forwarder.flush_urgent()? == Flow::Stop
+                        {
+                            return Ok(Flow::Stop);
+                        }
                         let flow = intake.on_signal(&signal)?;
                         if Intake::takes(&signal) {
                             return Ok(flow);
