@@ -93,8 +93,8 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // file's replay window: a handle with a shorter one reopens the window for replays.
     ("own-retention", "tests/signed_replay_window_prune.rs"),
     // The connection thread holds the reports of publishes written until the broker sends
-    // something, with no bound: the ack timeout, which counts from that report, never starts
-    // for a publish the broker never answers, and the relay waits on it for good.
+    // something, with no bound: a publish the broker never answers is never known to be on the
+    // wire, so its ack timeout never starts, and the relay waits on it for good.
     ("reports-wait-for-news", "tests/poison_isolation.rs"),
     // A publish packed and held back by the pace goes out without its expiry checked again.
     ("skip-expiry-held-back", "tests/expiry_held_back.rs"),

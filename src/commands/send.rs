@@ -76,7 +76,7 @@ pub fn send_command(mqtt: &MqttConfig, topic: &str, command: &Envelope<'_>, time
         match connection.recv(connected, connected.then_some(left)) {
             Recv::Step(Step::ConnAck(_)) => connected = true,
             // The only publish on this connection: this is its acknowledgement.
-            Recv::Step(Step::Event(Event::PubAck(ack))) => {
+            Recv::Step(Step::Event(Event::PubAck(ack, _))) => {
                 let _ = client.try_disconnect();
                 // Let the DISCONNECT go out; the connection ends either way.
                 let _ = connection.recv(true, Some(Duration::from_millis(100)));

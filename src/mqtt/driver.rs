@@ -412,7 +412,7 @@ impl Driver<'_> {
 
 fn proves_health(event: &Event) -> bool {
     match event {
-        Event::PubAck(_) => true,
+        Event::PubAck(..) => true,
         Event::SubAck(results) => results.iter().all(|r| *r == SubResult::Granted),
         _ => false,
     }

@@ -26,8 +26,9 @@ pub(crate) enum Event {
     /// Packet-id collision: the next publish waits for this id's PUBACK (rumqttc sends it later,
     /// reported by a `Published` with the same id).
     AwaitAck(u16),
-    /// A PUBACK for one of our publishes.
-    PubAck(PubAck),
+    /// A PUBACK for one of our publishes, and when the connection's thread handed it out: on the
+    /// same clock, and in the same order, as a `Published`'s time.
+    PubAck(PubAck, Instant),
     /// A message delivered to us (the command session).
     Delivery(Box<Delivery>),
     /// The answer to a SUBSCRIBE: one result per filter.
@@ -234,10 +235,13 @@ pub(crate) fn from_v4(event: rumqttc::Event) -> Step {
                 ..Granted::default()
             });
         }
-        E::Incoming(P::PubAck(ack)) => Event::PubAck(PubAck {
-            pkid: ack.pkid,
-            verdict: Verdict::Accepted,
-        }),
+        E::Incoming(P::PubAck(ack)) => Event::PubAck(
+            PubAck {
+                pkid: ack.pkid,
+                verdict: Verdict::Accepted,
+            },
+            Instant::now(),
+        ),
         E::Incoming(P::Publish(p)) => Event::Delivery(Box::new(Delivery {
             topic: p.topic.clone(),
             payload: p.payload.clone(),
@@ -277,13 +281,16 @@ pub(crate) fn from_v5(event: rumqttc::v5::Event) -> Step {
                 server_keep_alive: props.and_then(|p| p.server_keep_alive),
             });
         }
-        E::Incoming(P::PubAck(ack)) => Event::PubAck(PubAck {
-            pkid: ack.pkid,
-            verdict: verdict(Reason::new(
-                puback_code(ack.reason),
-                ack.properties.and_then(|p| p.reason_string),
-            )),
-        }),
+        E::Incoming(P::PubAck(ack)) => Event::PubAck(
+            PubAck {
+                pkid: ack.pkid,
+                verdict: verdict(Reason::new(
+                    puback_code(ack.reason),
+                    ack.properties.and_then(|p| p.reason_string),
+                )),
+            },
+            Instant::now(),
+        ),
         E::Incoming(P::Publish(p)) => Event::Delivery(Box::new(Delivery {
             topic: String::from_utf8_lossy(&p.topic).into_owned(),
             payload: p.payload.clone(),

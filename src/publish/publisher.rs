@@ -367,11 +367,14 @@ impl Publisher {
                 }
             }
             Signal::Event(Event::AwaitAck(pkid)) => d.core.on_await_ack(pkid),
-            Signal::Event(Event::PubAck(ack)) => {
+            // The times the connection thread took: the core compares a PUBACK's with the write
+            // times of the publishes around it (was anything answered after this was written?),
+            // so both come from one clock read in stream order, whatever waited in between.
+            Signal::Event(Event::PubAck(ack, read)) => {
                 if ack.verdict == crate::mqtt::event::Verdict::Accepted {
                     crate::failpoint::hit("after-puback-before-mark");
                 }
-                d.core.on_puback(ack, Instant::now());
+                d.core.on_puback(ack, read);
             }
             // Only the command intake acts on the end of a burst of deliveries; the ends of reads
             // and idle waits only say when the connection thread sends what it gathered.

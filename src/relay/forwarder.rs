@@ -6,9 +6,11 @@
 //!   (`Signal::ReadEnd`): under load a read brings several PUBACKs.
 //! - rumqttc writes one queued publish per step and reports each (`Published`). While more of
 //!   the publisher's publishes are queued, it writes the next without waiting for the network,
-//!   so those reports are held until the queue is empty, anything else comes, they are
-//!   [`MAX_HOLD`] old, or the driver's wait passes with nothing (`Signal::Idle`). A report
-//!   carries the time of its write, so holding it changes no timeout or latency.
+//!   so those reports are held until the queue is empty, anything else comes, they are found
+//!   [`MAX_HOLD`] old at a step's end, or the driver's wait passes with nothing
+//!   (`Signal::Idle`). Reports and PUBACKs carry the time the connection thread handed them out,
+//!   so holding them changes no timeout or latency; the publisher only learns a little later
+//!   which row a packet id carries.
 //! - A connection's start and end go at once.
 
 use std::time::{Duration, Instant};
@@ -139,7 +141,8 @@ impl Forwarder {
 }
 
 /// Mutant `reports-wait-for-news`: reports of publishes written are held until the broker sends
-/// something, however long: a publish it never answers is never timed out.
+/// something, however long: a publish it never answers is never known to be on the wire, so
+/// its ack timeout never starts.
 fn reports_wait_for_news() -> bool {
     crate::mutant::active("reports-wait-for-news")
 }
@@ -244,6 +247,49 @@ mod tests {
         // The next connection's reports are not held on the old one's count.
         published(&mut f, 2);
         assert_eq!(batches(&rx), vec![vec![2]]);
+    }
+
+    #[test]
+    fn the_bound_counts_from_the_write_not_from_the_hold() {
+        let queued = QueuedPublishes::default();
+        let (mut f, rx) = forwarder(&queued, Duration::from_secs(60));
+        queue(&queued, 5);
+        let _ = f.forward(Signal::Event(Event::Published(1, Instant::now())));
+        let _ = f.forward(Signal::ReadEnd);
+        assert!(batches(&rx).is_empty());
+        let long_ago = Instant::now()
+            .checked_sub(Duration::from_secs(120))
+            .unwrap_or_else(Instant::now);
+        let (mut f, rx) = forwarder(&queued, Duration::from_secs(60));
+        let _ = f.forward(Signal::Event(Event::Published(2, long_ago)));
+        let _ = f.forward(Signal::ReadEnd);
+        assert_eq!(
+            batches(&rx),
+            vec![vec![2]],
+            "written two minutes ago: past the bound"
+        );
+    }
+
+    #[test]
+    fn before_the_command_intake_commits_only_what_is_urgent_goes() {
+        let queued = QueuedPublishes::default();
+        let (mut f, rx) = forwarder(&queued, Duration::from_secs(3600));
+        queue(&queued, 5);
+        published(&mut f, 1);
+        assert!(matches!(f.flush_urgent(), Ok(Flow::Continue)));
+        assert!(batches(&rx).is_empty(), "reports alone are not urgent");
+        let _ = f.forward(Signal::Event(Event::AwaitAck(4)));
+        let _ = f.flush_urgent();
+        assert_eq!(batches(&rx), vec![vec![1, 1000]]);
+    }
+
+    #[test]
+    fn a_publisher_gone_ends_the_session() {
+        let queued = QueuedPublishes::default();
+        let (mut f, rx) = forwarder(&queued, Duration::from_secs(3600));
+        drop(rx);
+        let _ = f.forward(Signal::Event(Event::DisconnectSent));
+        assert!(matches!(f.forward(Signal::ReadEnd), Ok(Flow::Stop)));
     }
 
     #[test]
