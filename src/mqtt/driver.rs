@@ -315,23 +315,28 @@ impl Driver<'_> {
             let step = match connection.recv(connected, wait) {
                 // Every client handle was dropped: cannot happen while `client` lives.
                 Recv::Closed => return Ok(End::Done),
-                Recv::Idle => match on_signal(Signal::Idle)? {
-                    Flow::Stop => return Ok(End::Stop),
-                    Flow::Reconnect(cause) => {
-                        return failed(connection, on_signal, cause, connected, healthy);
-                    }
-                    Flow::Continue => match self.handle.take_reconnect() {
-                        Some(cause) => return failed(connection, on_signal, cause, connected, healthy),
-                        None => {
-                            if !healthy && held(connected_at, keep_alive) {
-                                healthy = true;
-                                self.backoff.reset();
-                                log.healthy();
-                            }
-                            continue;
+                Recv::Idle => {
+                    let flow = match on_signal(Signal::Idle)? {
+                        Flow::Continue => self
+                            .handle
+                            .take_reconnect()
+                            .map_or(Flow::Continue, Flow::Reconnect),
+                        other => other,
+                    };
+                    match flow {
+                        Flow::Stop => return Ok(End::Stop),
+                        Flow::Reconnect(cause) => {
+                            return failed(connection, on_signal, cause, connected, healthy);
                         }
-                    },
-                },
+                        Flow::Continue => {}
+                    }
+                    if !healthy && held(connected_at, keep_alive) {
+                        healthy = true;
+                        self.backoff.reset();
+                        log.healthy();
+                    }
+                    continue;
+                }
                 Recv::Step(step) => step,
                 Recv::Failed(cause) => return failed(connection, on_signal, cause, connected, healthy),
             };

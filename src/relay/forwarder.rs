@@ -57,11 +57,9 @@ impl Forwarder {
     pub(super) fn forward(&mut self, signal: Signal) -> Result<Flow> {
         match signal {
             Signal::ReadEnd => {
-                let more_publishes = self.queued.as_ref().is_some_and(QueuedPublishes::any);
-                let hold = (more_publishes || reports_wait_for_news())
-                    && self
-                        .held_since
-                        .is_none_or(|t| t.elapsed() < self.max_hold || reports_wait_for_news());
+                let hold = reports_wait_for_news()
+                    || (self.queued.as_ref().is_some_and(QueuedPublishes::any)
+                        && self.held_since.is_none_or(|t| t.elapsed() < self.max_hold));
                 if self.urgent || !hold {
                     self.flush()
                 } else {
@@ -153,13 +151,20 @@ mod tests {
     use crate::mqtt::event::{Cause, CauseKind};
     use crossbeam_channel::{Receiver, unbounded};
 
-    fn forwarder(queued: &QueuedPublishes, max_hold: Duration) -> (Forwarder, Receiver<Vec<Signal>>) {
+    /// A forwarder on a connection with `queued` publishes waiting, holding at most `max_hold`.
+    fn forwarder(queued: usize, max_hold: Duration) -> (Forwarder, Receiver<Vec<Signal>>, QueuedPublishes) {
         let (tx, rx) = unbounded();
+        let count = QueuedPublishes::default();
+        for _ in 0..queued {
+            count.queued();
+        }
         let mut f = Forwarder::new(tx);
-        f.queued = Some(queued.clone());
+        f.queued = Some(count.clone());
         f.max_hold = max_hold;
-        (f, rx)
+        (f, rx, count)
     }
+
+    const LONG: Duration = Duration::from_secs(3600);
 
     fn published(f: &mut Forwarder, pkid: u16) {
         let flow = f.forward(Signal::Event(Event::Published(pkid, Instant::now())));
@@ -184,17 +189,9 @@ mod tests {
             .collect()
     }
 
-    fn queue(queued: &QueuedPublishes, n: usize) {
-        for _ in 0..n {
-            queued.queued();
-        }
-    }
-
     #[test]
     fn reports_are_held_while_publishes_are_queued_and_sent_when_the_queue_is_empty() {
-        let queued = QueuedPublishes::default();
-        let (mut f, rx) = forwarder(&queued, Duration::from_secs(3600));
-        queue(&queued, 3);
+        let (mut f, rx, queued) = forwarder(3, LONG);
         published(&mut f, 1);
         published(&mut f, 2);
         assert!(batches(&rx).is_empty(), "held while one more is queued");
@@ -205,9 +202,7 @@ mod tests {
 
     #[test]
     fn anything_but_a_report_goes_at_the_read_end_and_takes_the_held_reports_along() {
-        let queued = QueuedPublishes::default();
-        let (mut f, rx) = forwarder(&queued, Duration::from_secs(3600));
-        queue(&queued, 5);
+        let (mut f, rx, _) = forwarder(5, LONG);
         published(&mut f, 1);
         let _ = f.forward(Signal::Event(Event::DisconnectSent));
         assert!(batches(&rx).is_empty(), "not before the read's end");
@@ -217,9 +212,7 @@ mod tests {
 
     #[test]
     fn an_idle_wait_sends_what_is_held() {
-        let queued = QueuedPublishes::default();
-        let (mut f, rx) = forwarder(&queued, Duration::from_secs(3600));
-        queue(&queued, 5);
+        let (mut f, rx, _) = forwarder(5, LONG);
         published(&mut f, 1);
         assert!(batches(&rx).is_empty());
         let _ = f.forward(Signal::Idle);
@@ -228,9 +221,7 @@ mod tests {
 
     #[test]
     fn reports_are_held_no_longer_than_the_bound() {
-        let queued = QueuedPublishes::default();
-        let (mut f, rx) = forwarder(&queued, Duration::ZERO);
-        queue(&queued, 5);
+        let (mut f, rx, _) = forwarder(5, Duration::ZERO);
         published(&mut f, 1);
         published(&mut f, 2);
         assert_eq!(batches(&rx), vec![vec![1], vec![2]]);
@@ -238,9 +229,7 @@ mod tests {
 
     #[test]
     fn the_end_of_a_connection_goes_at_once_after_what_was_held() {
-        let queued = QueuedPublishes::default();
-        let (mut f, rx) = forwarder(&queued, Duration::from_secs(3600));
-        queue(&queued, 5);
+        let (mut f, rx, _) = forwarder(5, LONG);
         published(&mut f, 1);
         let _ = f.forward(Signal::Disconnected(Cause::new(CauseKind::Retry, "gone")));
         assert_eq!(batches(&rx), vec![vec![1, 2000]]);
@@ -251,16 +240,14 @@ mod tests {
 
     #[test]
     fn the_bound_counts_from_the_write_not_from_the_hold() {
-        let queued = QueuedPublishes::default();
-        let (mut f, rx) = forwarder(&queued, Duration::from_secs(60));
-        queue(&queued, 5);
+        let (mut f, rx, _) = forwarder(5, Duration::from_secs(60));
         let _ = f.forward(Signal::Event(Event::Published(1, Instant::now())));
         let _ = f.forward(Signal::ReadEnd);
         assert!(batches(&rx).is_empty());
         let long_ago = Instant::now()
             .checked_sub(Duration::from_secs(120))
             .unwrap_or_else(Instant::now);
-        let (mut f, rx) = forwarder(&queued, Duration::from_secs(60));
+        let (mut f, rx, _) = forwarder(5, Duration::from_secs(60));
         let _ = f.forward(Signal::Event(Event::Published(2, long_ago)));
         let _ = f.forward(Signal::ReadEnd);
         assert_eq!(
@@ -272,9 +259,7 @@ mod tests {
 
     #[test]
     fn before_the_command_intake_commits_only_what_is_urgent_goes() {
-        let queued = QueuedPublishes::default();
-        let (mut f, rx) = forwarder(&queued, Duration::from_secs(3600));
-        queue(&queued, 5);
+        let (mut f, rx, _) = forwarder(5, LONG);
         published(&mut f, 1);
         assert!(matches!(f.flush_urgent(), Ok(Flow::Continue)));
         assert!(batches(&rx).is_empty(), "reports alone are not urgent");
@@ -285,8 +270,7 @@ mod tests {
 
     #[test]
     fn a_publisher_gone_ends_the_session() {
-        let queued = QueuedPublishes::default();
-        let (mut f, rx) = forwarder(&queued, Duration::from_secs(3600));
+        let (mut f, rx, _) = forwarder(0, LONG);
         drop(rx);
         let _ = f.forward(Signal::Event(Event::DisconnectSent));
         assert!(matches!(f.forward(Signal::ReadEnd), Ok(Flow::Stop)));
@@ -294,9 +278,7 @@ mod tests {
 
     #[test]
     fn a_parked_publish_is_counted_once() {
-        let queued = QueuedPublishes::default();
-        let (mut f, rx) = forwarder(&queued, Duration::from_secs(3600));
-        queue(&queued, 3);
+        let (mut f, rx, queued) = forwarder(3, LONG);
         let _ = f.forward(Signal::Event(Event::AwaitAck(7)));
         let _ = f.forward(Signal::ReadEnd);
         assert_eq!(
