@@ -201,6 +201,10 @@ pub const MODEL_MUTANTS: &[&str] = &[
     // While probing, the cut's rows always go first: an alarm waits behind every one of them
     // (with batches on the wire at the cut, minutes).
     "probe-without-turns",
+    // Any PUBACK read after a message was written counts as the broker passing it over: a broker
+    // that answers an older message and then nothing more (out of disk) gets the newer one
+    // struck at each ack timeout, and dead-lettered.
+    "answered-at-any-ack",
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);

@@ -51,8 +51,9 @@ const V5_PROPERTIES: usize = 4;
 
 /// The current connection, as far as publishing goes.
 struct Live {
-    /// When the last PUBACK of this connection arrived.
-    last_ack: Option<Instant>,
+    /// The newest write time among the rows this connection's PUBACKs answered: a row written
+    /// before it and still unanswered is one the broker passed over.
+    newest_answered: Option<Instant>,
     /// Most rows in flight now: 1 while probing, else `full_window`.
     window: usize,
     /// Ours, lowered to the broker's receive maximum.
@@ -341,7 +342,7 @@ impl Core {
             );
         }
         self.live = Some(Live {
-            last_ack: None,
+            newest_answered: None,
             window,
             full_window,
             max_packet,

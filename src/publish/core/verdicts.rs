@@ -23,12 +23,16 @@ impl Core {
         // rumqttc skips its collision check on a refusal, so a row parked on this packet id
         // would wait until the collision times out: renew the connection instead.
         let awaited = self.tracker.is_awaited(ack.pkid);
-        if let Some(live) = &mut self.live {
-            live.last_ack = Some(now);
-        }
         let Some((seq, written)) = self.tracker.on_puback_at(ack.pkid) else {
             return;
         };
+        if let Some(live) = &mut self.live
+            && !crate::mutant::active("answered-at-any-ack")
+        {
+            live.newest_answered = live.newest_answered.max(written);
+        } else if let Some(live) = &mut self.live {
+            live.newest_answered = Some(now);
+        }
         // A batch is answered as a whole: every row in it shares the verdict.
         let members = batch::members(&mut self.batches, seq);
         if self.suspect.as_ref().is_some_and(|x| x.seq == seq) {
@@ -205,10 +209,12 @@ impl Core {
         if threshold == 0 {
             return;
         }
+        // Only a later message answered is evidence against this one: a PUBACK for an older
+        // one, read after this was written, is the window draining as usual.
         let acked_since = self
             .live
             .as_ref()
-            .and_then(|l| l.last_ack)
+            .and_then(|l| l.newest_answered)
             .is_some_and(|at| at > written);
         let strikes = match cause.kind {
             CauseKind::NamesPacket => threshold,

@@ -500,3 +500,46 @@ fn probing_takes_turns_with_alarms_and_probes_alarms_in_their_lane() {
         ));
     }
 }
+
+/// A broker that answers an older message after a newer one was written, then answers nothing
+/// more (out of disk, say): the newer one's ack timeouts renew the connection and blame it for
+/// nothing, however often they come. Only a message written after it and answered is evidence
+/// against it (mutant `answered-at-any-ack`, which takes any PUBACK read after the write as
+/// evidence, dead-letters the innocent message after three timeouts).
+#[test]
+fn a_broker_that_stops_answering_blames_no_message_it_answered_nothing_after() {
+    use std::time::Duration;
+
+    let mut world = world_with_messages(&[0]);
+    world.connect(None);
+    assert_eq!(world.core.in_flight(), 1, "the first message on the wire");
+    world.advance(Duration::from_millis(10));
+    world
+        .outbox
+        .transaction(|tx| tx.send(&crate::Message::new(super::TOPICS[1], "later", &1)?))
+        .expect("a second message");
+    world.core.on_change();
+    world.drive();
+    assert_eq!(world.core.in_flight(), 2, "the second written after the first");
+    world.advance(Duration::from_millis(10));
+    // The first is answered after the second was written; then the broker goes silent.
+    world.answer(0);
+    assert_eq!(world.core.in_flight(), 1);
+    for _ in 0..4 {
+        // Past the ack timeout: renewed, then published again on the next connection.
+        world.advance(Duration::from_secs(6));
+        world.connect(None);
+        world.advance(past_quiet_start());
+    }
+    let dead = world.outbox.dead_letters(10).expect("dead letters");
+    if !dead.is_empty() {
+        fails_again(&format!(
+            "a message the broker answered nothing after was dead-lettered: {dead:#?}"
+        ));
+    }
+    assert_eq!(
+        world.outbox.stats().expect("stats").pending_messages,
+        1,
+        "the unanswered message stays pending"
+    );
+}
