@@ -124,6 +124,9 @@ pub const SCENARIO_MUTANTS: &[(&str, &str)] = &[
     // After a change to the WAL file, the relay rechecks every few milliseconds for the whole
     // second: a change that never shows as a commit costs an idle relay hundreds of wake-ups.
     ("recheck-flat", "tests/idle_wakeups.rs"),
+    // After a change to the WAL file, the relay rechecks for one second only: a foreign commit
+    // whose sync stalls longer waits for the poll interval.
+    ("recheck-no-tail", "tests/slow_sync_found.rs"),
     // A CONNACK's Receive Maximum of 0, which MQTT 5 forbids, is taken as it stands: rumqttc
     // writes nothing on that connection, and the relay stalls looking connected.
     ("receive-max-zero-taken", "tests/broker_refusals.rs"),

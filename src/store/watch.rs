@@ -21,16 +21,22 @@ const SOON_FOR: Duration = Duration::from_millis(10);
 /// that takes longer to show is found at most half as late again, and a change that never shows
 /// costs a few dozen checks, not hundreds...
 const RECHECK_MOST: Duration = Duration::from_millis(100);
-/// ...until this long after the last change (a commit's fsync on slow flash can take this long).
+/// ...until this long after the last change (most commits' fsyncs, even on slow flash)...
 const RECHECK_FOR: Duration = Duration::from_secs(1);
+/// ...then once a second until this long after it: an fsync stalled behind other writers' I/O
+/// can take several seconds, and a commit that shows after the window would otherwise wait for
+/// the poll interval, which may be a minute. A change that never shows costs a few dozen more
+/// checks, one a second.
+const RECHECK_TAIL_EVERY: Duration = Duration::from_secs(1);
+const RECHECK_TAIL_FOR: Duration = Duration::from_secs(30);
 
 /// Changes seen in the file, not yet seen as a commit.
 ///
 /// A commit writes its WAL frames (which is what wakes the watch) before it syncs them and
 /// publishes them in the shared-memory index (which wakes nobody): a reader woken by the write
 /// may find nothing new yet. So after a change the waiting thread checks `PRAGMA data_version`
-/// every millisecond at first, then less and less often, until it moves, for a second at most
-/// after the last change, then goes back to sleep. Many changes never show as a version the
+/// every millisecond at first, then less and less often, until it moves, for a second after the
+/// last change, then once a second for half a minute, then goes back to sleep. Many changes never show as a version the
 /// waiting thread can see: its own connection's writes, a rollback whose pages spilled into the
 /// WAL, the tail of a commit whose start already showed (its writes can reach the watch in two
 /// reads); the growing interval keeps what each of those costs small. Both phases are timed
@@ -69,9 +75,16 @@ impl Unsettled {
 
     fn recheck_at(&mut self, now: Instant) -> Option<Duration> {
         let age = now.saturating_duration_since(self.since?);
-        if age >= RECHECK_FOR {
+        let tail_for = if crate::mutant::active("recheck-no-tail") {
+            RECHECK_FOR
+        } else {
+            RECHECK_TAIL_FOR
+        };
+        if age >= tail_for {
             self.since = None;
             None
+        } else if age >= RECHECK_FOR {
+            Some(RECHECK_TAIL_EVERY)
         } else if age < SOON_FOR {
             Some(RECHECK_SOON)
         } else if crate::mutant::active("recheck-flat") {
@@ -242,10 +255,19 @@ mod tests {
         );
         assert_eq!(
             unsettled.recheck_at(t0 + ms(900) + RECHECK_FOR),
+            Some(RECHECK_TAIL_EVERY),
+            "a commit whose sync stalls past the first second is still found within a second"
+        );
+        assert_eq!(
+            unsettled.recheck_at(t0 + ms(900) + RECHECK_TAIL_FOR - ms(1)),
+            Some(RECHECK_TAIL_EVERY)
+        );
+        assert_eq!(
+            unsettled.recheck_at(t0 + ms(900) + RECHECK_TAIL_FOR),
             None,
             "a change that never settles is given up on"
         );
-        assert_eq!(unsettled.recheck_at(t0 + ms(900) + RECHECK_FOR), None);
+        assert_eq!(unsettled.recheck_at(t0 + ms(900) + RECHECK_TAIL_FOR), None);
         // A new change after giving up, or after settling, starts a new fast phase.
         unsettled.on_change_at(t0 + ms(3000));
         assert_eq!(unsettled.recheck_at(t0 + ms(3001)), Some(RECHECK_SOON));
@@ -262,8 +284,11 @@ mod tests {
             at += next;
             checks += 1;
         }
-        assert!((20..=40).contains(&checks), "{checks} checks");
-        assert!(at >= t0 + ms(5000) + RECHECK_FOR && at <= t0 + ms(5000) + RECHECK_FOR + RECHECK_MOST);
+        assert!((50..=70).contains(&checks), "{checks} checks");
+        assert!(
+            at >= t0 + ms(5000) + RECHECK_TAIL_FOR
+                && at <= t0 + ms(5000) + RECHECK_TAIL_FOR + RECHECK_TAIL_EVERY
+        );
         assert_eq!(
             unsettled.wait(Duration::from_micros(200)),
             Duration::from_micros(200)

@@ -230,6 +230,9 @@ pub enum Fault {
     NoSpace,
     /// The disk fails: every write and every sync fails with `EIO`; reads still work.
     Io,
+    /// The disk is slow to flush: every sync takes this long, then succeeds (a flash chip busy
+    /// with other writers' I/O). Other requests wait behind it, as they would on one queue.
+    SlowSync(Duration),
 }
 
 const ROOT: u64 = 1;
@@ -649,7 +652,7 @@ impl Filesystem for Fs {
         let result = self.with(|s| match s.fault {
             Some(Fault::NoSpace) => Err(Errno::ENOSPC),
             Some(Fault::Io) => Err(Errno::EIO),
-            None => s.add(parent.0, name, node),
+            None | Some(Fault::SlowSync(_)) => s.add(parent.0, name, node),
         });
         match result {
             Ok(attr) => reply.created(&TTL, &attr, Generation(0), FileHandle(0), FopenFlags::empty()),
@@ -729,6 +732,10 @@ impl Filesystem for Fs {
 
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         // fsync and fdatasync alike: the bytes and the length, not the name (see the module docs).
+        let fault = self.lock().fault;
+        if let Some(Fault::SlowSync(wait)) = fault {
+            std::thread::sleep(wait);
+        }
         match self.with(|s| {
             s.counters.file_syncs += 1;
             s.per_file.entry(ino.0).or_default().1 += 1;
