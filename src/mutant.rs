@@ -208,6 +208,10 @@ pub const MODEL_MUTANTS: &[&str] = &[
     // that answers an older message and then nothing more (out of disk) gets the newer one
     // struck at each ack timeout, and dead-lettered.
     "answered-at-any-ack",
+    // Whether a later message was answered is judged by write times: rows handed over in one
+    // burst can read the same clock, so a message the broker passes over among them is never
+    // struck, and it is published again at every ack timeout for ever.
+    "answered-by-write-time",
 ];
 
 /// The scenarios that can see mutant `name`, when only some can (a filter on scenario names);

@@ -1,5 +1,6 @@
 //! An idle relay sleeps. After a change to the WAL file the publisher checks whether a commit
-//! became visible, often at first and then less and less often, for a second at most; many
+//! became visible, often at first and then less and less often for a second, then once a second
+//! for half a minute (a commit whose sync stalls, `tests/slow_sync_found.rs`); many
 //! changes never show as a commit it can see (its own writes, a rollback whose pages spilled into
 //! the WAL, the tail of a commit that already showed), and each of those must cost a few dozen
 //! wake-ups, not hundreds. Wake-ups are the publisher thread's context switches, from
@@ -20,7 +21,8 @@ const PUBLISHER: &[&str] = &["edge-outbox-relay"];
 /// The thread that turns the WAL file's changes into wake-ups: without it the relay only polls,
 /// and an idle one would pass here without a recheck to count.
 const WATCH: &[&str] = &["edge-outbox-watch"];
-/// How long the idle relay is watched after each change: past the end of its rechecks.
+/// How long the idle relay is watched after each change: past the end of its fast rechecks (the
+/// once-a-second tail after them adds a wake-up or two).
 const WATCHED: Duration = Duration::from_millis(1_200);
 /// Wake-ups allowed in that time. A relay that rechecks every few milliseconds for the whole
 /// second wakes about two hundred times.

@@ -14,6 +14,22 @@ use support::{Broker, Subscriber, WAIT};
 /// Longer than the watch's first, fast second of checks.
 const STALL: Duration = Duration::from_secs(3);
 
+/// Syncs stall while this lives.
+struct Stalled<'a>(&'a PowerCutFs);
+
+impl<'a> Stalled<'a> {
+    fn new(fs: &'a PowerCutFs) -> Self {
+        fs.set_fault(Some(Fault::SlowSync(STALL)));
+        Stalled(fs)
+    }
+}
+
+impl Drop for Stalled<'_> {
+    fn drop(&mut self) {
+        self.0.set_fault(None);
+    }
+}
+
 #[test]
 #[cfg_attr(
     eo_skip_fuse,
@@ -39,15 +55,17 @@ fn an_idle_relay_publishes_a_foreign_commit_whose_sync_stalled() {
     let conn = rusqlite::Connection::open(outbox.path()).expect("foreign connection");
     conn.execute_batch("PRAGMA synchronous = FULL")
         .expect("synchronous");
-    fs.set_fault(Some(Fault::SlowSync(STALL)));
     let started = Instant::now();
-    conn.execute(
-        "INSERT INTO outbox (topic, key, payload) VALUES ('orders/foreign', 'k', ?1)",
-        [edge_outbox::envelope::to_cbor(&"from elsewhere").expect("cbor")],
-    )
-    .expect("insert");
-    let committed = started.elapsed();
-    fs.set_fault(None);
+    let committed = {
+        // Cleared however the insert ends: a slow sync left on would stall every teardown sync.
+        let _stalled = Stalled::new(&fs);
+        conn.execute(
+            "INSERT INTO outbox (topic, key, payload) VALUES ('orders/foreign', 'k', ?1)",
+            [edge_outbox::envelope::to_cbor(&"from elsewhere").expect("cbor")],
+        )
+        .expect("insert");
+        started.elapsed()
+    };
     assert!(
         committed >= STALL,
         "the commit took {committed:?}: its sync did not stall, so the scenario tests nothing"

@@ -7,14 +7,23 @@
 //! a replayed publish reports an id that is already mapped (not expected with a fresh client per
 //! connection, but harmless). QoS 0 publishes (the status message) report id 0 and are not rows.
 //!
-//! It also knows when each row went on the wire, for the ack timeout, and which is the oldest
-//! unacknowledged one, the suspect when a connection dies (poison isolation).
+//! It also knows when each row went on the wire, for the ack timeout, in what order the rows went
+//! (whether a PUBACK answered a row written after another, exact where two writes read the same
+//! clock), and which is the oldest unacknowledged one, the suspect when a connection dies (poison
+//! isolation).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
 /// A row handed to rumqttc, by its outbox sequence number.
 pub(crate) type Seq = i64;
+
+/// When a row went on the wire, and how many rows had gone before it since the tracker was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Wrote {
+    pub(crate) at: Instant,
+    pub(crate) nth: u64,
+}
 
 #[derive(Debug, Default)]
 pub(crate) struct Tracker {
@@ -25,7 +34,9 @@ pub(crate) struct Tracker {
     /// Waiting for their packet id to be freed (collision).
     parked: HashMap<u16, Seq>,
     /// On the wire, by sequence number, with when they were written.
-    on_wire: BTreeMap<Seq, Instant>,
+    on_wire: BTreeMap<Seq, Wrote>,
+    /// Rows written so far: the next one's `Wrote::nth`.
+    writes: u64,
 }
 
 impl Tracker {
@@ -57,7 +68,14 @@ impl Tracker {
             return;
         };
         self.by_pkid.insert(pkid, seq);
-        self.on_wire.insert(seq, now);
+        self.on_wire.insert(
+            seq,
+            Wrote {
+                at: now,
+                nth: self.writes,
+            },
+        );
+        self.writes += 1;
     }
 
     pub(crate) fn on_await_ack(&mut self, pkid: u16) {
@@ -76,7 +94,7 @@ impl Tracker {
     }
 
     /// The row a PUBACK acknowledges, if it is one of ours, and when it went on the wire.
-    pub(crate) fn on_puback_at(&mut self, pkid: u16) -> Option<(Seq, Option<Instant>)> {
+    pub(crate) fn on_puback_at(&mut self, pkid: u16) -> Option<(Seq, Option<Wrote>)> {
         match self.by_pkid.remove(&pkid) {
             Some(seq) => Some((seq, self.on_wire.remove(&seq))),
             None => {
@@ -97,8 +115,13 @@ impl Tracker {
     }
 
     /// The oldest row on the wire and not yet acknowledged, with when it was written.
-    pub(crate) fn oldest_on_wire(&self) -> Option<(Seq, Instant)> {
+    pub(crate) fn oldest_on_wire(&self) -> Option<(Seq, Wrote)> {
         self.on_wire.first_key_value().map(|(&seq, &at)| (seq, at))
+    }
+
+    /// The `Wrote::nth` the next row written will get: above every row's so far.
+    pub(crate) fn next_write(&self) -> u64 {
+        self.writes
     }
 
     /// Rows handed to rumqttc and not yet acknowledged.

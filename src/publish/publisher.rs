@@ -367,9 +367,9 @@ impl Publisher {
                 }
             }
             Signal::Event(Event::AwaitAck(pkid)) => d.core.on_await_ack(pkid),
-            // The times the connection thread took: the core compares a PUBACK's with the write
-            // times of the publishes around it (was anything answered after this was written?),
-            // so both come from one clock read in stream order, whatever waited in between.
+            // The time the connection thread took, on the same clock as the write times: the
+            // latency and a quota pause count from when the PUBACK was read, not from when this
+            // thread got round to it.
             Signal::Event(Event::PubAck(ack, read)) => {
                 if ack.verdict == crate::mqtt::event::Verdict::Accepted {
                     crate::failpoint::hit("after-puback-before-mark");

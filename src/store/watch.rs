@@ -35,16 +35,16 @@ const RECHECK_TAIL_FOR: Duration = Duration::from_secs(30);
 /// A commit writes its WAL frames (which is what wakes the watch) before it syncs them and
 /// publishes them in the shared-memory index (which wakes nobody): a reader woken by the write
 /// may find nothing new yet. So after a change the waiting thread checks `PRAGMA data_version`
-/// every millisecond at first, then less and less often, until it moves, for a second after the
-/// last change, then once a second for half a minute, then goes back to sleep. Many changes never show as a version the
-/// waiting thread can see: its own connection's writes, a rollback whose pages spilled into the
-/// WAL, the tail of a commit whose start already showed (its writes can reach the watch in two
-/// reads); the growing interval keeps what each of those costs small. Both phases are timed
-/// from the last change: writes that keep coming (a busy writer, the relay's own marks during a
-/// drain) keep the checks at one a millisecond, one query each, which costs little beside the
-/// writes themselves; timing the fast phase from the first change instead left a foreign commit
-/// that followed the relay's own writes (which never settle: they move no version the relay can
-/// see) waiting 5 ms.
+/// every millisecond at first, then less and less often, until it moves: for a second after the
+/// last change, then once a second for half a minute, then it goes back to sleep. Many changes
+/// never show as a version the waiting thread can see: its own connection's writes, a rollback
+/// whose pages spilled into the WAL, the tail of a commit whose start already showed (its writes
+/// can reach the watch in two reads); the growing interval keeps what each of those costs small.
+/// Both phases are timed from the last change: writes that keep coming (a busy writer, the
+/// relay's own marks during a drain) keep the checks at one a millisecond, one query each, which
+/// costs little beside the writes themselves; timing the fast phase from the first change
+/// instead left a foreign commit that followed the waiting thread's own writes (which never
+/// settle: they move no version its connection can see) waiting 5 ms.
 #[derive(Debug, Default)]
 pub(crate) struct Unsettled {
     /// When the last change was seen, while it settles.

@@ -230,8 +230,9 @@ pub enum Fault {
     NoSpace,
     /// The disk fails: every write and every sync fails with `EIO`; reads still work.
     Io,
-    /// The disk is slow to flush: every sync takes this long, then succeeds (a flash chip busy
-    /// with other writers' I/O). Other requests wait behind it, as they would on one queue.
+    /// The disk is slow to flush: every file sync (`fsync`, `fdatasync`; not a directory's) takes
+    /// this long, then succeeds, as on a flash chip busy with other writers' I/O. Other requests
+    /// wait behind it: the file system serves one request at a time.
     SlowSync(Duration),
 }
 

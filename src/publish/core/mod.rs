@@ -35,7 +35,7 @@ use super::pacing::Pacer;
 use super::rows::Ready;
 use crate::mqtt::backoff::Backoff;
 use crate::mqtt::event::Granted;
-use crate::mqtt::tracker::{Seq, Tracker};
+use crate::mqtt::tracker::{Seq, Tracker, Wrote};
 use crate::mqtt::{Aliases, Protocol};
 use crate::relay_config::RelayConfig;
 
@@ -51,9 +51,9 @@ const V5_PROPERTIES: usize = 4;
 
 /// The current connection, as far as publishing goes.
 struct Live {
-    /// The newest write time among the rows this connection's PUBACKs answered: a row written
-    /// before it and still unanswered is one the broker passed over.
-    newest_answered: Option<Instant>,
+    /// The newest write (`Wrote::nth`) among the rows this connection's PUBACKs answered: a row
+    /// written before it and still unanswered is one the broker passed over.
+    newest_answered: Option<Wrote>,
     /// Most rows in flight now: 1 while probing, else `full_window`.
     window: usize,
     /// Ours, lowered to the broker's receive maximum.
@@ -405,9 +405,9 @@ impl Core {
 
     /// Timers: the ack timeout of the oldest row on the wire, and the end of a quota pause.
     pub(crate) fn on_tick(&mut self, now: Instant) {
-        if let Some((seq, written)) = self.tracker.oldest_on_wire()
+        if let Some((seq, wrote)) = self.tracker.oldest_on_wire()
             && self.live.as_ref().is_some_and(|l| !l.renewing)
-            && now.duration_since(written) >= self.config.ack_timeout
+            && now.duration_since(wrote.at) >= self.config.ack_timeout
         {
             let cause = crate::mqtt::event::Cause::new(
                 crate::mqtt::event::CauseKind::Requested,
@@ -442,10 +442,10 @@ impl Core {
         let mut next: Option<Instant> = None;
         let mut at = |t: Instant| next = Some(next.map_or(t, |n| n.min(t)));
         let renewable = self.live.as_ref().is_some_and(|l| !l.renewing);
-        if let Some((_, written)) = self.tracker.oldest_on_wire()
+        if let Some((_, wrote)) = self.tracker.oldest_on_wire()
             && renewable
         {
-            at(written + self.config.ack_timeout);
+            at(wrote.at + self.config.ack_timeout);
         }
         if let Some((until, _)) = &self.paused_until {
             at(*until);

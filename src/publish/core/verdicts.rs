@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::{Action, Core, Removal, Report, Suspect};
 use crate::mqtt::event::{Cause, CauseKind, PubAck, Verdict};
-use crate::mqtt::tracker::Seq;
+use crate::mqtt::tracker::{Seq, Wrote};
 use crate::publish::batch;
 use crate::publish::gaps;
 use crate::publish::rows::Unpublishable;
@@ -23,15 +23,23 @@ impl Core {
         // rumqttc skips its collision check on a refusal, so a row parked on this packet id
         // would wait until the collision times out: renew the connection instead.
         let awaited = self.tracker.is_awaited(ack.pkid);
-        let Some((seq, written)) = self.tracker.on_puback_at(ack.pkid) else {
+        let Some((seq, wrote)) = self.tracker.on_puback_at(ack.pkid) else {
             return;
         };
-        if let Some(live) = &mut self.live
-            && !crate::mutant::active("answered-at-any-ack")
-        {
-            live.newest_answered = live.newest_answered.max(written);
-        } else if let Some(live) = &mut self.live {
-            live.newest_answered = Some(now);
+        let written = wrote.map(|w| w.at);
+        if let Some(live) = &mut self.live {
+            live.newest_answered = if crate::mutant::active("answered-at-any-ack") {
+                // Any PUBACK read after a row was written counts as answering something later.
+                Some(Wrote {
+                    at: now,
+                    nth: self.tracker.next_write(),
+                })
+            } else {
+                [live.newest_answered, wrote]
+                    .into_iter()
+                    .flatten()
+                    .max_by_key(|w| w.nth)
+            };
         }
         // A batch is answered as a whole: every row in it shares the verdict.
         let members = batch::members(&mut self.batches, seq);
@@ -196,9 +204,10 @@ impl Core {
     /// has had enough.
     fn strike(&mut self, cause: &Cause, now: Instant) {
         let threshold = self.config.poison_disconnects;
-        let Some((seq, written)) = self.tracker.oldest_on_wire() else {
+        let Some((seq, wrote)) = self.tracker.oldest_on_wire() else {
             return;
         };
+        let written = wrote.at;
         if matches!(
             cause.kind,
             CauseKind::Connect | CauseKind::Broker | CauseKind::Retry | CauseKind::Renew
@@ -210,12 +219,19 @@ impl Core {
             return;
         }
         // Only a later message answered is evidence against this one: a PUBACK for an older
-        // one, read after this was written, is the window draining as usual.
+        // one, read after this was written, is the window draining as usual. Later by the order
+        // of writes, not their times: rows written in one burst can read the same clock.
         let acked_since = self
             .live
             .as_ref()
             .and_then(|l| l.newest_answered)
-            .is_some_and(|at| at > written);
+            .is_some_and(|answered| {
+                if crate::mutant::active("answered-by-write-time") {
+                    answered.at > wrote.at
+                } else {
+                    answered.nth > wrote.nth
+                }
+            });
         let strikes = match cause.kind {
             CauseKind::NamesPacket => threshold,
             // The broker acknowledged later messages and not this one: this one's doing. Once

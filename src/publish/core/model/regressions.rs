@@ -543,3 +543,40 @@ fn a_broker_that_stops_answering_blames_no_message_it_answered_nothing_after() {
         "the unanswered message stays pending"
     );
 }
+
+/// A broker that passes over one of two messages handed over in one burst (one clock reading
+/// for both) and answers the other: the passed-over one is struck at each ack timeout and set
+/// aside, since a message written after it was answered. Which was written later is known by the
+/// order of writes, not their times (mutant `answered-by-write-time` never strikes it, and
+/// publishes it again at every timeout for ever).
+#[test]
+fn a_message_passed_over_in_a_burst_that_read_one_clock_is_set_aside() {
+    use std::time::Duration;
+
+    let mut world = world_with_messages(&[0, 1]);
+    world.connect(None);
+    assert_eq!(
+        world.core.in_flight(),
+        2,
+        "both on the wire, written at one instant"
+    );
+    // The second is answered; the first never is.
+    world.answer(1);
+    assert_eq!(world.core.in_flight(), 1);
+    for _ in 0..6 {
+        world.advance(Duration::from_secs(6));
+        world.connect(None);
+        world.advance(past_quiet_start());
+    }
+    let dead = world.outbox.dead_letters(10).expect("dead letters");
+    if dead.len() != 1 {
+        fails_again(&format!(
+            "the passed-over message was not set aside after six ack timeouts: {dead:#?}"
+        ));
+    }
+    assert_eq!(
+        world.outbox.stats().expect("stats").pending_messages,
+        0,
+        "the answered message marked, the passed-over one set aside"
+    );
+}
