@@ -18,7 +18,8 @@ use std::time::Instant;
 /// A row handed to rumqttc, by its outbox sequence number.
 pub(crate) type Seq = i64;
 
-/// When a row went on the wire, and how many rows had gone before it since the tracker was made.
+/// When a publish went on the wire (a row, or a batch of rows), and how many publishes had gone
+/// before it since the tracker was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Wrote {
     pub(crate) at: Instant,
@@ -35,7 +36,7 @@ pub(crate) struct Tracker {
     parked: HashMap<u16, Seq>,
     /// On the wire, by sequence number, with when they were written.
     on_wire: BTreeMap<Seq, Wrote>,
-    /// Rows written so far: the next one's `Wrote::nth`.
+    /// Publishes written so far: the next one's `Wrote::nth`.
     writes: u64,
 }
 
@@ -93,7 +94,8 @@ impl Tracker {
         self.on_puback_at(pkid).map(|(seq, _)| seq)
     }
 
-    /// The row a PUBACK acknowledges, if it is one of ours, and when it went on the wire.
+    /// The row a PUBACK acknowledges, if it is one of ours, and when and in what order it went
+    /// on the wire.
     pub(crate) fn on_puback_at(&mut self, pkid: u16) -> Option<(Seq, Option<Wrote>)> {
         match self.by_pkid.remove(&pkid) {
             Some(seq) => Some((seq, self.on_wire.remove(&seq))),
@@ -114,12 +116,13 @@ impl Tracker {
         self.on_wire.len()
     }
 
-    /// The oldest row on the wire and not yet acknowledged, with when it was written.
+    /// The oldest row on the wire and not yet acknowledged, with when and in what order it was
+    /// written.
     pub(crate) fn oldest_on_wire(&self) -> Option<(Seq, Wrote)> {
         self.on_wire.first_key_value().map(|(&seq, &at)| (seq, at))
     }
 
-    /// The `Wrote::nth` the next row written will get: above every row's so far.
+    /// The `Wrote::nth` the next publish written will get: above every one so far.
     pub(crate) fn next_write(&self) -> u64 {
         self.writes
     }
@@ -194,6 +197,24 @@ mod tests {
         assert_eq!(t.on_puback(4), Some(7));
         assert_eq!(t.on_puback(5), Some(8));
         assert_eq!(t.on_puback(4), None, "each PUBACK acknowledges once");
+    }
+
+    #[test]
+    fn writes_are_numbered_in_the_order_they_reach_the_wire_a_parked_row_when_it_goes() {
+        let mut t = Tracker::default();
+        for seq in [1, 2, 3] {
+            t.submit(seq);
+        }
+        let now = Instant::now();
+        t.on_publish(1, now);
+        t.on_await_ack(1); // row 2 waits for id 1
+        let nth = |w: Option<(Seq, Option<Wrote>)>| w.and_then(|(_, w)| w).map(|w| w.nth);
+        assert_eq!(nth(t.on_puback_at(1)), Some(0), "row 1, the first write");
+        t.on_publish(1, now); // row 2 goes with the freed id, at the same instant ...
+        t.on_publish(2, now); // ... and row 3 after it
+        assert_eq!(t.next_write(), 3);
+        assert_eq!(t.on_puback_at(2), Some((3, Some(Wrote { at: now, nth: 2 }))));
+        assert_eq!(t.oldest_on_wire(), Some((2, Wrote { at: now, nth: 1 })));
     }
 
     #[test]
