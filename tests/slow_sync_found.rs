@@ -7,7 +7,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::device::{commit_orders, relay_config, wait_drained};
+use support::device::{commit_orders, open_device, relay_config, wait_drained};
 use support::powercut::{Fault, PowerCutFs};
 use support::{Broker, Subscriber, WAIT};
 
@@ -39,12 +39,7 @@ fn an_idle_relay_publishes_a_foreign_commit_whose_sync_stalled() {
     let fs = PowerCutFs::mount().expect("mount");
     let broker = Broker::start().expect("broker");
     let sub = Subscriber::start(broker.addr(), "orders/#").expect("subscriber");
-    let outbox = edge_outbox::Outbox::open(fs.path().join("device.db")).expect("open");
-    outbox
-        .with_connection(|c| {
-            c.execute_batch("CREATE TABLE orders (n INTEGER PRIMARY KEY, key TEXT NOT NULL)")
-        })
-        .expect("business table");
+    let outbox = open_device(fs.path());
     // A poll interval far longer than the wait below: only the watch can deliver.
     let config = relay_config(broker.addr(), "stalled-sync").poll_interval(Duration::from_secs(60));
     let relay = edge_outbox::Relay::start(&outbox, config).expect("relay");

@@ -178,6 +178,16 @@ fn past_quiet_start() -> std::time::Duration {
     super::super::verdicts::CHOKE_WINDOW + std::time::Duration::from_millis(1)
 }
 
+/// `times` ack timeouts of the oldest message on the wire, each renewing the connection, and
+/// each followed by a new connection whose quiet start holds, so the message is published again.
+fn time_out_and_reconnect(world: &mut super::sim::World, times: usize) {
+    for _ in 0..times {
+        world.advance(std::time::Duration::from_secs(6));
+        world.connect(None);
+        world.advance(past_quiet_start());
+    }
+}
+
 /// A connection that just ended: no reason given, as a broker closing does.
 fn dropped() -> crate::mqtt::event::Cause {
     crate::mqtt::event::Cause::new(CauseKind::Lost, "model: the connection dropped")
@@ -525,12 +535,7 @@ fn a_broker_that_stops_answering_blames_no_message_it_answered_nothing_after() {
     // The first is answered after the second was written; then the broker goes silent.
     world.answer(0);
     assert_eq!(world.core.in_flight(), 1);
-    for _ in 0..4 {
-        // Past the ack timeout: renewed, then published again on the next connection.
-        world.advance(Duration::from_secs(6));
-        world.connect(None);
-        world.advance(past_quiet_start());
-    }
+    time_out_and_reconnect(&mut world, 4);
     let dead = world.outbox.dead_letters(10).expect("dead letters");
     if !dead.is_empty() {
         fails_again(&format!(
@@ -551,8 +556,6 @@ fn a_broker_that_stops_answering_blames_no_message_it_answered_nothing_after() {
 /// publishes it again at every timeout for ever).
 #[test]
 fn a_message_passed_over_in_a_burst_that_read_one_clock_is_set_aside() {
-    use std::time::Duration;
-
     let mut world = world_with_messages(&[0, 1]);
     world.connect(None);
     assert_eq!(
@@ -563,11 +566,7 @@ fn a_message_passed_over_in_a_burst_that_read_one_clock_is_set_aside() {
     // The second is answered; the first never is.
     world.answer(1);
     assert_eq!(world.core.in_flight(), 1);
-    for _ in 0..6 {
-        world.advance(Duration::from_secs(6));
-        world.connect(None);
-        world.advance(past_quiet_start());
-    }
+    time_out_and_reconnect(&mut world, 6);
     let dead = world.outbox.dead_letters(10).expect("dead letters");
     if dead.len() != 1 {
         fails_again(&format!(
