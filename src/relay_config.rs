@@ -173,6 +173,12 @@ impl RelayConfig {
     }
 
     /// Most messages published and not yet acknowledged (default 100, at most 65535).
+    ///
+    /// A broker whose receive maximum is lower (mosquitto's default is 20) gets no more than that
+    /// on the wire; the rest waits in the MQTT client's queue and goes out as the broker's
+    /// acknowledgements free slots. A message with a lifetime waits for a free slot instead, and
+    /// a shared session ([`single_session`](Self::single_session)) queues nothing. An alarm
+    /// committed during a drain waits behind up to this many messages: lower it on a slow link.
     pub fn max_in_flight(mut self, n: usize) -> Self {
         self.max_in_flight = n;
         self

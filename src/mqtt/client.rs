@@ -469,7 +469,8 @@ impl std::fmt::Debug for MqttClient {
 /// comes out of the event loop as an outgoing `Published` (or `AwaitAck`, when its packet id is
 /// still in use) or the connection fails; whoever reads those events calls
 /// [`QueuedPublishes::taken`]. While some are queued, the event loop writes the next without
-/// waiting for the network, so the connection thread can hold what it forwards a moment longer.
+/// waiting for the network (unless the broker's receive maximum is on the wire: then for a
+/// PUBACK), so the connection thread can hold what it forwards a moment longer.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct QueuedPublishes(Arc<AtomicUsize>);
 

@@ -8,7 +8,8 @@
 //!   the publisher's publishes are queued, it writes the next without waiting for the network,
 //!   so those reports are held until the queue is empty, anything else comes, they are found
 //!   [`MAX_HOLD`] old at a step's end, or the driver's wait passes with nothing
-//!   (`Signal::Idle`). Reports and PUBACKs carry the time the connection thread handed them out,
+//!   (`Signal::Idle`). With the broker's receive maximum on the wire the next one waits for a
+//!   PUBACK instead, and that PUBACK takes what is held along with it. Reports and PUBACKs carry the time the connection thread handed them out,
 //!   so holding them changes no timeout or latency; the publisher only learns a little later
 //!   which row a packet id carries.
 //! - A connection's start and end go at once.

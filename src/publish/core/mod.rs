@@ -58,12 +58,29 @@ struct Live {
     window: usize,
     /// Ours, lowered to the broker's receive maximum.
     full_window: usize,
+    /// Hand-overs beyond the window when the broker's receive maximum lowered it (up to ours,
+    /// `max_in_flight`, in all): they wait in rumqttc's queue, which writes the next one as soon
+    /// as a PUBACK frees a slot, instead of after the PUBACK has reached this thread and a new
+    /// hand-over has gone back. Never a publish with a lifetime (see `Publish::has_lifetime`).
+    queue: usize,
     /// Largest packet: ours, lowered to the broker's maximum packet size.
     max_packet: usize,
     limit_owner: &'static str,
     aliases: Aliases,
     /// A reconnect was requested (ack timeout, quota): do not ask twice.
     renewing: bool,
+}
+
+impl Live {
+    /// Most publishes handed over and not yet answered: the window, and the queue behind it
+    /// except while probing (one at a time means one handed over).
+    fn hand_over_limit(&self, probing: bool) -> usize {
+        if probing {
+            self.window
+        } else {
+            self.window + self.queue
+        }
+    }
 }
 
 /// One MQTT publish, ready to hand over: a row, or a batch of rows (`members`, packed into `row`).
@@ -81,6 +98,16 @@ impl Publish {
         match &self.members {
             Some(rows) => rows.iter().any(expired),
             None => expired(&self.row),
+        }
+    }
+
+    /// Whether a row of it has a lifetime: such a publish is never queued behind the broker's
+    /// receive maximum, where it could wait past its expiry and its expiry interval would count
+    /// from too early.
+    fn has_lifetime(&self) -> bool {
+        match &self.members {
+            Some(rows) => rows.iter().any(|r| r.expires_at.is_some()),
+            None => self.row.expires_at.is_some(),
         }
     }
 
@@ -134,7 +161,8 @@ pub(crate) struct Core {
     /// Paced replay (`RelayConfig::pace_messages`): the bucket, and when it has tokens again.
     pacer: Pacer,
     paced_until: Option<Instant>,
-    /// A publish made (a row taken, a batch packed) and held back by the pace: it goes next.
+    /// A publish made (a row taken, a batch packed) and held back, by the pace or until a slot on
+    /// the wire is free (one with a lifetime, see `Publish::has_lifetime`): it goes next.
     held_back: Option<Publish>,
     /// Highest `outbox_gaps.gap_id` read so far on this connection.
     gap_cursor: i64,
@@ -301,6 +329,15 @@ impl Core {
         let full_window = granted.receive_max.map_or(cfg.max_in_flight, |m| {
             cfg.max_in_flight.min(usize::from(m).max(1))
         });
+        // Up to our window, whatever the broker's: an alarm committed during a drain waits
+        // behind at most `max_in_flight` publishes, on the wire or queued. None in a shared
+        // session: rumqttc takes no request at all while the wire is full, so the commands'
+        // PUBACKs would wait behind the queue too.
+        let queue = if cfg.single_session {
+            0
+        } else {
+            cfg.max_in_flight - full_window
+        };
         let ours = cfg.mqtt.packet_limit();
         let (max_packet, limit_owner) = match granted.max_packet_size {
             Some(theirs) if (theirs as usize) < ours => (theirs as usize, "the broker's maximum packet size"),
@@ -345,6 +382,7 @@ impl Core {
             newest_answered: None,
             window,
             full_window,
+            queue,
             max_packet,
             limit_owner,
             aliases,
@@ -468,7 +506,7 @@ impl Core {
             && self
                 .live
                 .as_ref()
-                .is_some_and(|l| self.tracker.in_flight() < l.window)
+                .is_some_and(|l| self.tracker.in_flight() < l.hand_over_limit(self.probing()))
         {
             at(until);
         }
@@ -585,10 +623,11 @@ impl Core {
         self.out.push_back(Action::Report(report));
     }
 
-    /// The connection is gone: nothing in flight on it will be acknowledged. What was in flight
-    /// is remembered, so that handing it over again counts as a resend.
+    /// The connection is gone: nothing in flight on it will be acknowledged. What may have
+    /// reached the broker is remembered, so that handing it over again counts as a resend (a row
+    /// still in rumqttc's queue never did).
     fn forget_in_flight(&mut self) {
-        let in_flight: Vec<Seq> = self.tracker.unacknowledged().collect();
+        let in_flight: Vec<Seq> = self.tracker.maybe_written().collect();
         for seq in in_flight {
             match self.batches.get(&seq) {
                 Some(members) => self.unacked_at_cut.extend(members),

@@ -23,9 +23,10 @@ impl Core {
     }
 
     /// The connection ended with the publishes handed over and not acknowledged, and no telling
-    /// which one the broker choked on: probe their rows (a batch's, each), but not gap notices.
+    /// which one the broker choked on: probe the rows of those that may have been written (a
+    /// batch's, each), but not gap notices. Those still queued in rumqttc never reached it.
     pub(super) fn probe_in_flight(&mut self) {
-        let publishes: Vec<Seq> = self.tracker.unacknowledged().collect();
+        let publishes: Vec<Seq> = self.tracker.maybe_written().collect();
         for seq in publishes {
             self.probe_publish(seq);
         }

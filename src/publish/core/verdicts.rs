@@ -140,12 +140,13 @@ impl Core {
             self.aliases_off = true;
         }
         let quiet = self.quiet_until.take().is_some();
-        // No strike can fall on a suspect out of flight: whether it was is all that is needed.
+        // No strike can fall on a suspect out of flight: whether it was is all that is needed
+        // (one still in rumqttc's queue never reached the broker).
         let out_of_flight = self
             .suspect
             .as_ref()
             .map(|x| x.seq)
-            .filter(|&seq| !self.tracker.unacknowledged().any(|s| s == seq));
+            .filter(|&seq| !self.tracker.maybe_written().any(|s| s == seq));
         self.strike(cause, now);
         self.judge_suspect(quiet, out_of_flight, cause);
         self.live = None;

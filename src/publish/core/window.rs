@@ -20,7 +20,7 @@ impl Core {
         }
         loop {
             let Some(live) = &self.live else { return };
-            if self.tracker.in_flight() >= live.window {
+            if self.tracker.in_flight() >= live.hand_over_limit(self.probing()) {
                 return;
             }
             if !self.at_end && (self.ready.is_empty() || std::mem::take(&mut self.check_lanes)) {
@@ -47,7 +47,7 @@ impl Core {
                     }
                     continue;
                 }
-                // Packed before, held back by the pace.
+                // Packed before, held back by the pace or for a slot on the wire.
                 Some(held) => held,
                 None => match self.take_next(now) {
                     Next::Publish(p) => p,
@@ -58,6 +58,18 @@ impl Core {
                     }
                 },
             };
+            // Beyond the window it would wait in rumqttc's queue, unseen by the expiry checks:
+            // it waits here instead, for a slot on the wire.
+            if publish.has_lifetime()
+                && self
+                    .live
+                    .as_ref()
+                    .is_some_and(|l| self.tracker.in_flight() >= l.window)
+                && !crate::mutant::active("queue-expiring")
+            {
+                self.held_back = Some(publish);
+                return;
+            }
             if let Err(until) = self
                 .pacer
                 .take(publish.row.topic.len() + publish.row.envelope.len(), now)

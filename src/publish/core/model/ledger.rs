@@ -52,7 +52,7 @@ pub(super) struct Ledger {
     forwarded_seen: usize,
     lost_seen: usize,
     refused_seen: usize,
-    handed_seen: usize,
+    written_seen: usize,
 }
 
 fn fail(why: String) -> TestCaseError {
@@ -77,7 +77,7 @@ impl Ledger {
     /// Takes in what happened in one step, and checks the invariants that hold at every step.
     pub fn take_in(&mut self, world: &World) -> Result<(), TestCaseError> {
         self.learn_rows(world)?;
-        for (payload, at) in &world.handed[self.handed_seen..] {
+        for (payload, at) in &world.written[self.written_seen..] {
             for item in decode(payload)? {
                 if let Published::Message(m) = item
                     && let Some(row) = self.rows.get(&m.seq)
@@ -90,7 +90,7 @@ impl Ledger {
                 }
             }
         }
-        self.handed_seen = world.handed.len();
+        self.written_seen = world.written.len();
         for item in since(&world.broker.lost, &mut self.lost_seen)? {
             match item {
                 Published::Message(m) => self.lost.extend([m.seq]),

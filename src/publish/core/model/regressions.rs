@@ -87,6 +87,23 @@ fn a_held_back_publish_that_expired_is_not_published() {
     );
 }
 
+/// A publish with a lifetime is not queued behind the broker's receive maximum, where it would be
+/// written after its expiry once a PUBACK frees a slot (mutant `queue-expiring`). With a
+/// receive maximum of one and a window of three, the second row would be queued.
+#[test]
+fn a_publish_with_a_lifetime_waits_for_a_slot_on_the_wire() {
+    check(
+        &[
+            write(0, 0),
+            messages(1, 0, 1, false, false, Some(300)),
+            Op::Connect { receive_max: Some(1) },
+            Op::Advance { ms: 1_500 },
+            Op::Answer { pick: 0 },
+        ],
+        false,
+    );
+}
+
 /// Resume from the oldest unacknowledged row after a cut (mutant `skip-resume`); a refused
 /// notice is given up on and counted as the cloud will see it.
 #[test]
@@ -414,9 +431,9 @@ fn probing_covers_the_cut_rows_not_every_row_numbered_below_them() {
     );
 }
 
-/// The keys of the publishes handed over since the `from`-th (`notice` for a gap notice).
-fn keys_handed(world: &super::sim::World, from: usize) -> Vec<String> {
-    world.handed[from..]
+/// The keys of the publishes written since the `from`-th (`notice` for a gap notice).
+fn keys_written(world: &super::sim::World, from: usize) -> Vec<String> {
+    world.written[from..]
         .iter()
         .map(|(bytes, _)| match crate::Published::decode(bytes) {
             Ok(crate::Published::Message(m)) => m.key.into_owned(),
@@ -454,13 +471,13 @@ fn probing_takes_turns_with_alarms_and_probes_alarms_in_their_lane() {
     let mut world = world_with_messages(&[0; 3]);
     world.connect(None);
     world.cut(false, &lost);
-    let from = world.handed.len();
+    let from = world.written.len();
     world.connect(None);
     for n in 0..6 {
         write_alarm(&mut world, n);
         world.answer(0);
     }
-    let order = keys_handed(&world, from);
+    let order = keys_written(&world, from);
     if order.get(..5) != Some(&["k0", "alarm-0", "k1", "alarm-1", "k2"].map(String::from)[..]) {
         fails_again(&format!("the cut and the alarms did not take turns: {order:?}"));
     }
@@ -479,11 +496,11 @@ fn probing_takes_turns_with_alarms_and_probes_alarms_in_their_lane() {
     world.connect(None);
     world.cut(false, &lost);
     write_alarm(&mut world, 0);
-    let from = world.handed.len();
+    let from = world.written.len();
     world.connect(None);
     world.answer(0);
     world.answer(0);
-    let order = keys_handed(&world, from);
+    let order = keys_written(&world, from);
     if !order
         .get(..2)
         .is_some_and(|first| first.contains(&"alarm-0".to_owned()))

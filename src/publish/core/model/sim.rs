@@ -114,8 +114,14 @@ pub(super) struct World {
     pub wall_shift: i64,
     /// The wall clock the core was last polled with: what it decided by.
     polled_at: i64,
-    /// Publishes handed over, with the wall clock then: what the expiry check reads.
-    pub handed: Vec<(Vec<u8>, i64)>,
+    /// Publishes written to the broker, in order, with the wall clock then: what the expiry
+    /// check reads (a queued one is written after its hand-over).
+    pub written: Vec<(Vec<u8>, i64)>,
+    /// rumqttc's queue: publishes handed over while the broker's receive maximum (`wire_limit`)
+    /// were on the wire, written as PUBACKs free their slots, dropped unwritten with the
+    /// connection.
+    queued: VecDeque<Vec<u8>>,
+    wire_limit: Option<usize>,
     /// The core asked for a new connection.
     renew: Option<Cause>,
     /// Batches marked, as the marker counts them.
@@ -141,7 +147,9 @@ impl World {
             wall_base: crate::time::now_ms(),
             wall_shift: 0,
             polled_at: 0,
-            handed: Vec::new(),
+            written: Vec::new(),
+            queued: VecDeque::new(),
+            wire_limit: None,
             renew: None,
             marked: 0,
         }
@@ -151,8 +159,9 @@ impl World {
         self.wall_base.saturating_add(self.wall_shift)
     }
 
-    /// Performs the core's actions until it has none, as the publisher thread does; rumqttc's
-    /// write of each publish follows its hand-over at once.
+    /// Performs the core's actions until it has none, as the publisher thread does; rumqttc
+    /// writes each publish at its hand-over, or queues it while the broker's receive maximum are
+    /// on the wire.
     pub fn drive(&mut self) {
         let mut guard = 0;
         self.polled_at = self.now_ms();
@@ -179,7 +188,11 @@ impl World {
                     self.core.on_hand_over_failed(p);
                     return;
                 }
-                self.handed.push((p.envelope.clone(), self.polled_at));
+                if self.wire_limit.is_some_and(|m| self.broker.on_wire.len() >= m) {
+                    self.queued.push_back(p.envelope);
+                    return;
+                }
+                self.written.push((p.envelope.clone(), self.polled_at));
                 let pkid = self.broker.send(p.envelope);
                 self.core.on_published(pkid, self.now);
             }
@@ -232,6 +245,7 @@ impl World {
             return;
         }
         self.broker.connected = true;
+        self.wire_limit = receive_max.map(|m| usize::from(m).max(1));
         let granted = Granted {
             receive_max,
             ..Granted::default()
@@ -260,6 +274,12 @@ impl World {
             verdict,
         };
         self.core.on_puback(ack, self.now);
+        // The freed slot takes the next queued publish before anything handed over after this.
+        if let Some(next) = self.queued.pop_front() {
+            self.written.push((next.clone(), self.now_ms()));
+            let pkid = self.broker.send(next);
+            self.core.on_published(pkid, self.now);
+        }
         self.drive();
     }
 
@@ -286,6 +306,8 @@ impl World {
 
     fn end_connection(&mut self) {
         self.broker.connected = false;
+        // Never written: the broker never saw them.
+        self.queued.clear();
         for packet in std::mem::take(&mut self.broker.on_wire) {
             self.broker.unsettled.push(packet.payload);
         }
