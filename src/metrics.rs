@@ -141,7 +141,7 @@ fn relay_metrics(r: &mut Registry, rep: &RelayReport) {
     gauge(
         r,
         "relay_in_flight",
-        "Messages handed to the broker and not yet acknowledged",
+        "Messages handed to the MQTT client and not yet acknowledged",
         rep.in_flight,
     );
     counter(

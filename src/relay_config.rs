@@ -177,8 +177,9 @@ impl RelayConfig {
     /// A broker whose receive maximum is lower (mosquitto's default is 20) gets no more than that
     /// on the wire; the rest waits in the MQTT client's queue and goes out as the broker's
     /// acknowledgements free slots. A message with a lifetime waits for a free slot instead, and
-    /// a shared session ([`single_session`](Self::single_session)) queues nothing. An alarm
-    /// committed during a drain waits behind up to this many messages: lower it on a slow link.
+    /// a session shared with commands ([`single_session`](Self::single_session) with
+    /// [`commands`](Self::commands)) queues nothing. An alarm committed during a drain waits
+    /// behind up to this many messages: lower it on a slow link.
     pub fn max_in_flight(mut self, n: usize) -> Self {
         self.max_in_flight = n;
         self
@@ -526,6 +527,12 @@ impl RelayConfig {
     /// [`single_session`](Self::single_session)).
     pub fn is_single_session(&self) -> bool {
         self.single_session
+    }
+
+    /// Whether the publishing connection carries commands too: one session asked for, and a
+    /// command topic to subscribe to.
+    pub(crate) fn shares_session(&self) -> bool {
+        self.single_session && self.commands.is_some()
     }
 
     /// The broker settings.

@@ -62,7 +62,8 @@ pub struct RelayReport {
     pub connected: bool,
     /// The command session is connected and subscribed.
     pub commands_connected: bool,
-    /// Messages handed to the broker and not yet acknowledged.
+    /// Messages handed to the MQTT client and not yet acknowledged (some may wait in its queue
+    /// behind the broker's receive maximum).
     pub in_flight: u64,
     /// Messages handed to the broker (resends included).
     pub published: u64,

@@ -31,7 +31,8 @@ pub struct Status {
     pub previous_error: Option<String>,
     /// When [`previous_error`](Self::previous_error) began, and when it cleared.
     pub previous_error_span: Option<(SystemTime, SystemTime)>,
-    /// Messages handed to the broker and not yet acknowledged.
+    /// Messages handed to the MQTT client and not yet acknowledged (some may wait in its queue
+    /// behind the broker's receive maximum).
     pub in_flight: u64,
     /// Outbox messages handed to the broker since start (resends count again; each message of a
     /// batch counts; gap notices do not, see [`notices_published`](Self::notices_published)).

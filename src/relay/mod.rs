@@ -138,7 +138,7 @@ impl Relay {
         config.validate()?;
         // validate() keeps max_in_flight within 1..=65535.
         let window = u16::try_from(config.max_in_flight).unwrap_or(u16::MAX);
-        let shared = config.single_session && config.commands.is_some();
+        let shared = config.shares_session();
         let publish_role = if shared {
             Role::Device {
                 max_in_flight: window,

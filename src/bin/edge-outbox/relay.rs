@@ -119,7 +119,8 @@ pub struct RelayArgs {
     #[arg(long, value_name = "TOPIC")]
     pub status_topic: Option<String>,
     /// Most messages published and not yet acknowledged (beyond the broker's receive maximum they
-    /// wait in the client's queue; an alarm waits behind up to this many: lower it on a slow link).
+    /// wait in the client's queue, except in a session shared with commands; an alarm waits behind
+    /// up to this many: lower it on a slow link).
     #[arg(long, value_name = "N", default_value_t = 100,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub max_in_flight: u16,

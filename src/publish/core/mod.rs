@@ -333,7 +333,7 @@ impl Core {
         // behind at most `max_in_flight` publishes, on the wire or queued. None in a shared
         // session: rumqttc takes no request at all while the wire is full, so the commands'
         // PUBACKs would wait behind the queue too.
-        let queue = if cfg.single_session {
+        let queue = if cfg.shares_session() {
             0
         } else {
             cfg.max_in_flight - full_window
