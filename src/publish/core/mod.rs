@@ -94,21 +94,21 @@ struct Publish {
 impl Publish {
     /// Whether a row of it has expired by `now` (Unix ms).
     fn has_expired(&self, now: i64) -> bool {
-        let expired = |r: &Ready| r.expires_at.is_some_and(|t| t <= now);
-        match &self.members {
-            Some(rows) => rows.iter().any(expired),
-            None => expired(&self.row),
-        }
+        self.rows().any(|r| r.expires_at.is_some_and(|t| t <= now))
     }
 
     /// Whether a row of it has a lifetime: such a publish is never queued behind the broker's
     /// receive maximum, where it could wait past its expiry and its expiry interval would count
     /// from too early.
     fn has_lifetime(&self) -> bool {
-        match &self.members {
-            Some(rows) => rows.iter().any(|r| r.expires_at.is_some()),
-            None => self.row.expires_at.is_some(),
-        }
+        self.rows().any(|r| r.expires_at.is_some())
+    }
+
+    /// The rows it stands for: a batch's members, or the row itself (a batch's `row` is the
+    /// packed publish, not one of them).
+    fn rows(&self) -> impl Iterator<Item = &Ready> {
+        let alone = self.members.is_none().then_some(&self.row);
+        self.members.iter().flatten().chain(alone)
     }
 
     /// Unpacks it: the rows it was taken as, in order.
@@ -138,9 +138,7 @@ enum Awaiting {
 impl Publish {
     /// Every row it stands for.
     fn seqs(&self) -> impl Iterator<Item = i64> + '_ {
-        let members = self.members.iter().flatten().map(|r| r.seq);
-        let alone = self.members.is_none().then_some(self.row.seq);
-        members.chain(alone)
+        self.rows().map(|r| r.seq)
     }
 }
 
